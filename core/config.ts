@@ -1,0 +1,72 @@
+/**
+ * Reading configuration: each process declares a zod object of the
+ * environment variables it uses, reads it once at start-up with `readEnv`,
+ * and passes the typed result in. A bad or missing value becomes a
+ * `ConfigError` whose message is one line naming the variable; `main.ts`
+ * prints it and exits with code 2.
+ */
+import { z } from "zod";
+import { ConfigError } from "./errors.ts";
+import { DAY } from "./time.ts";
+
+/** Parses `env` with `schema`; throws a one-line `ConfigError` naming the first bad variable. */
+export function readEnv<S extends z.ZodObject>(
+  schema: S,
+  env: Record<string, string | undefined>,
+): z.infer<S> {
+  const picked: Record<string, string | undefined> = {};
+  for (const key of Object.keys(schema.shape)) {
+    // An empty variable is treated as unset, as shells and compose files produce them.
+    picked[key] = env[key] === "" ? undefined : env[key];
+  }
+  const result = schema.safeParse(picked);
+  if (result.success) return result.data;
+  const issue = result.error.issues[0];
+  const name = String(issue.path[0] ?? "environment");
+  const shown = picked[name] === undefined ? "unset" : "invalid";
+  throw new ConfigError(`config: ${name} is ${shown}: ${issue.message}`);
+}
+
+/** The environment of this process, as a plain record (needs --allow-env). */
+export function processEnv(): Record<string, string | undefined> {
+  return Deno.env.toObject();
+}
+
+// Field builders shared by the processes' schemas.
+
+/** A TCP port. */
+export const port = (fallback: number) => z.coerce.number().int().min(0).max(65535).default(fallback);
+/** An optional TCP port: unset means "serve none". */
+export const optionalPort = () => z.coerce.number().int().min(0).max(65535).optional();
+/** A positive integer. */
+export const positiveInt = (fallback: number) => z.coerce.number().int().positive().default(fallback);
+/** A duration in milliseconds. */
+export const millis = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
+
+export const DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/poimen";
+export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";
+
+/** Variables every process that talks to Postgres reads. */
+export const databaseEnv = {
+  DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
+  DATABASE_POOL_SIZE: positiveInt(10),
+};
+
+/** Variables every process that talks to Kafka reads. */
+export const kafkaEnv = {
+  KAFKA_BROKERS: z.string().regex(/^[^,\s]+:\d+(,[^,\s]+:\d+)*$/, "expected host:port[,host:port…]")
+    .default(DEFAULT_KAFKA_BROKERS),
+  KAFKA_CLIENT_ID: z.string().min(1).default("poimen"),
+  TOPIC_PARTITIONS: positiveInt(3),
+  TOPIC_REPLICATION_FACTOR: positiveInt(1),
+  TOPIC_RETENTION_MS: millis(7 * DAY),
+};
+
+export const logEnv = {
+  LOG_LEVEL: z.enum(["debug", "info", "warn", "error"]).default("info"),
+};
+
+/** Splits `KAFKA_BROKERS` into a list. */
+export function brokerList(brokers: string): string[] {
+  return brokers.split(",").map((b) => b.trim()).filter(Boolean);
+}

@@ -1,0 +1,61 @@
+/**
+ * A structured logger: one JSON object per line on stderr, with fixed keys
+ * (`tenant`, `run_id`, `topic`, `partition`, `offset`, …) so logs can be
+ * queried. Passed in to every part; nothing else writes to the console.
+ */
+
+export type Level = "debug" | "info" | "warn" | "error";
+export type Fields = Record<string, unknown>;
+
+export interface Logger {
+  debug(msg: string, fields?: Fields): void;
+  info(msg: string, fields?: Fields): void;
+  warn(msg: string, fields?: Fields): void;
+  error(msg: string, fields?: Fields): void;
+  /** A logger whose lines all carry `fields`. */
+  with(fields: Fields): Logger;
+}
+
+const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
+
+// Keys whose values are never written, whatever part logs them.
+const SECRET_KEYS = /authorization|token|password|secret/i;
+
+function redact(fields: Fields): Fields {
+  const out: Fields = {};
+  for (const [k, v] of Object.entries(fields)) {
+    if (SECRET_KEYS.test(k)) out[k] = "[redacted]";
+    else if (v instanceof Error) out[k] = v.message;
+    else out[k] = v;
+  }
+  return out;
+}
+
+/** Creates a logger for process `service` that writes lines at `level` and above. */
+export function createLogger(
+  service: string,
+  level: Level = "info",
+  write: (line: string) => void = (line) => console.error(line),
+  base: Fields = {},
+): Logger {
+  const emit = (lvl: Level, msg: string, fields?: Fields) => {
+    if (ORDER[lvl] < ORDER[level]) return;
+    write(JSON.stringify({
+      time: new Date().toISOString(),
+      level: lvl,
+      service,
+      msg,
+      ...redact({ ...base, ...fields }),
+    }));
+  };
+  return {
+    debug: (m, f) => emit("debug", m, f),
+    info: (m, f) => emit("info", m, f),
+    warn: (m, f) => emit("warn", m, f),
+    error: (m, f) => emit("error", m, f),
+    with: (f) => createLogger(service, level, write, { ...base, ...f }),
+  };
+}
+
+/** A logger that drops everything (tests that don't look at logs). */
+export const silentLogger: Logger = createLogger("silent", "error", () => {});
