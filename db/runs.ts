@@ -1,0 +1,92 @@
+/** Reading runs: by id and by filters with keyset pagination, always tenant-scoped. */
+import type { Sql } from "./pool.ts";
+
+/** A run as the API returns it (without its input, which only `selectRun` reads). */
+export interface RunRow {
+  run_id: string;
+  tenant_id: string;
+  workflow_ref: string;
+  workflow_name: string;
+  workflow_version: number;
+  goal_id: string | null;
+  dispatch_key: string | null;
+  source: string;
+  status: RunStatus;
+  attempts: number;
+  max_attempts: number;
+  result: unknown;
+  error: unknown;
+  created_at: Date;
+  updated_at: Date;
+  started_at: Date | null;
+  finished_at: Date | null;
+}
+
+export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+export const RUN_STATUSES: readonly RunStatus[] = [
+  "queued",
+  "running",
+  "succeeded",
+  "failed",
+  "cancelled",
+];
+
+const RUN_COLUMN_NAMES = [
+  "run_id",
+  "tenant_id",
+  "workflow_ref",
+  "workflow_name",
+  "workflow_version",
+  "goal_id",
+  "dispatch_key",
+  "source",
+  "status",
+  "attempts",
+  "max_attempts",
+  "result",
+  "error",
+  "created_at",
+  "updated_at",
+  "started_at",
+  "finished_at",
+] as const;
+
+/** The columns of `RunRow` as a SQL list, qualified by `alias` when given. */
+export function runColumns(alias?: string): string {
+  return RUN_COLUMN_NAMES.map((c) => alias ? `${alias}.${c}` : c).join(", ");
+}
+const RUN_COLUMNS = runColumns();
+
+/** One run of one tenant, with its input; undefined when absent or another tenant's. */
+export async function selectRun(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+): Promise<(RunRow & { input: unknown }) | undefined> {
+  const [row] = await sql<(RunRow & { input: unknown })[]>`
+    select ${sql.unsafe(RUN_COLUMNS)}, input from runs
+     where tenant_id = ${tenantId} and run_id = ${runId}`;
+  return row;
+}
+
+export interface RunFilter {
+  goalId?: string;
+  dispatchKey?: string;
+  status?: RunStatus;
+  /** Exclusive: return runs older than this run id (UUIDv7 order is admission order). */
+  before?: string;
+  limit: number;
+}
+
+/** A page of a tenant's runs, newest first. */
+export async function selectRuns(sql: Sql, tenantId: string, f: RunFilter): Promise<RunRow[]> {
+  return await sql<RunRow[]>`
+    select ${sql.unsafe(RUN_COLUMNS)} from runs
+     where tenant_id = ${tenantId}
+       ${f.goalId === undefined ? sql`` : sql`and goal_id = ${f.goalId}`}
+       ${f.dispatchKey === undefined ? sql`` : sql`and dispatch_key = ${f.dispatchKey}`}
+       ${f.status === undefined ? sql`` : sql`and status = ${f.status}`}
+       ${f.before === undefined ? sql`` : sql`and run_id < ${f.before}`}
+     order by run_id desc
+     limit ${f.limit}`;
+}

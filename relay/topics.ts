@@ -1,0 +1,55 @@
+/**
+ * Kafka topic names of poimen, kept apart from the Kafka client so code that
+ * only needs a name (the API, publishers, tests) does not load the client.
+ *
+ * Per tenant: `poimen.<tenant>.events` (outbound), `poimen.<tenant>.dispatch`
+ * (inbound) and `poimen.<tenant>.dispatch.dlq` (dead letters). Tenant ids
+ * never contain a dot, so the tenant is always the second dot-separated part.
+ */
+
+/** What a tenant id may look like: legal in a topic name, no dots. */
+export const TENANT_ID_PATTERN = /^[a-z0-9_-]{1,63}$/;
+
+const PREFIX = "poimen.";
+
+/** True when `tenant` is a valid tenant id. */
+export function isTenantId(tenant: string): boolean {
+  return TENANT_ID_PATTERN.test(tenant);
+}
+
+function checked(tenant: string): string {
+  // A bad id would silently produce a topic no consumer subscribes to, or
+  // one that parses back as a different tenant; refuse it loudly instead.
+  if (!isTenantId(tenant)) throw new TypeError(`invalid tenant id: ${JSON.stringify(tenant)}`);
+  return tenant;
+}
+
+/** `poimen.<tenant>.events`: the run events the outbox relay publishes. */
+export function eventsTopic(tenant: string): string {
+  return `${PREFIX}${checked(tenant)}.events`;
+}
+
+/** `poimen.<tenant>.dispatch`: run requests the inbox relay admits. */
+export function dispatchTopic(tenant: string): string {
+  return `${PREFIX}${checked(tenant)}.dispatch`;
+}
+
+/** `poimen.<tenant>.dispatch.dlq`: dispatch messages the relay gave up on. */
+export function dlqTopic(tenant: string): string {
+  return `${PREFIX}${checked(tenant)}.dispatch.dlq`;
+}
+
+/** The three topics of a tenant, in declaration order. */
+export function tenantTopics(tenant: string): [events: string, dispatch: string, dlq: string] {
+  return [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant)];
+}
+
+/** Matches every tenant's dispatch topic (and nothing else, not the DLQs). */
+export const DISPATCH_TOPIC_PATTERN = /^poimen\.([a-z0-9_-]{1,63})\.dispatch$/;
+
+const TENANT_TOPIC = /^poimen\.([a-z0-9_-]{1,63})\.(?:events|dispatch|dispatch\.dlq)$/;
+
+/** The tenant a poimen topic belongs to, or `undefined` for any other topic. */
+export function tenantOfTopic(topic: string): string | undefined {
+  return TENANT_TOPIC.exec(topic)?.[1];
+}
