@@ -6,7 +6,7 @@
  * follow-up `SELECT`). Idempotency is the unique index's alone: no
  * check-then-insert, no hash of the body; no `dispatch_key`, no dedup.
  */
-import { z } from "zod";
+import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
 import { uuidv7 } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
@@ -14,15 +14,11 @@ import { isUnavailable, toDbError } from "../db/pool.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../db/admission.ts";
 import type { RunRow } from "../db/runs.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
+import type { RunRequest } from "../contracts/runs.ts";
 import { Batcher } from "./batcher.ts";
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
-export interface AdmitRequest {
-  workflow_ref: string;
-  input: unknown;
-  goal_id?: string | null;
-  dispatch_key?: string | null;
-}
+export type AdmitRequest = RunRequest;
 
 /**
  * Who is calling the kernel. Only the HTTP layer admits runs; the origin is

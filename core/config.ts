@@ -35,11 +35,13 @@ export function processEnv(): Record<string, string | undefined> {
 // Field builders shared by the processes' schemas.
 
 /** A TCP port. */
-export const port = (fallback: number) => z.coerce.number().int().min(0).max(65535).default(fallback);
+export const port = (fallback: number) =>
+  z.coerce.number().int().min(0).max(65535).default(fallback);
 /** An optional TCP port: unset means "serve none". */
 export const optionalPort = () => z.coerce.number().int().min(0).max(65535).optional();
 /** A positive integer. */
-export const positiveInt = (fallback: number) => z.coerce.number().int().positive().default(fallback);
+export const positiveInt = (fallback: number) =>
+  z.coerce.number().int().positive().default(fallback);
 /** A duration in milliseconds. */
 export const millis = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
 

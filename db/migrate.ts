@@ -5,7 +5,7 @@
  * once: they queue on the lock, and each re-reads what is applied once it
  * holds it, so every file runs exactly once.
  */
-import type { Sql } from "./pool.ts";
+import { createPool, type Sql } from "./pool.ts";
 import type { Logger } from "../core/log.ts";
 
 // An arbitrary constant shared by every poimen process: "poimen migrations".
@@ -70,4 +70,36 @@ export async function migrate(
     }
   }
   return applied;
+}
+
+/**
+ * Creates the database named in `url` when it does not exist (connecting to
+ * the server's `postgres` database to do so); true when it created it. For
+ * development and first start-up; production databases are usually made by
+ * their operators.
+ */
+export async function ensureDatabase(url: string): Promise<boolean> {
+  const target = new URL(url);
+  const name = decodeURIComponent(target.pathname.slice(1));
+  const probe = createPool({ url, max: 1, applicationName: "poimen-migrate" });
+  try {
+    await probe`select 1`;
+    return false;
+  } catch (err) {
+    if ((err as { code?: string }).code !== "3D000") throw err; // invalid_catalog_name
+  } finally {
+    await probe.end({ timeout: 5 });
+  }
+  target.pathname = "/postgres";
+  const admin = createPool({ url: target.href, max: 1, applicationName: "poimen-migrate" });
+  try {
+    await admin.unsafe(`create database "${name.replaceAll('"', '""')}"`);
+    return true;
+  } catch (err) {
+    // Another process created it meanwhile: duplicate_database.
+    if ((err as { code?: string }).code === "42P04") return false;
+    throw err;
+  } finally {
+    await admin.end({ timeout: 5 });
+  }
 }

@@ -8,6 +8,8 @@ import { PoimenError } from "../core/errors.ts";
 
 export type Sql = postgres.Sql;
 export type TransactionSql = postgres.TransactionSql;
+/** A value for `sql.json()`: sent as one jsonb parameter. */
+export type JSONValue = postgres.JSONValue;
 
 export interface PoolOptions {
   url: string;

@@ -1,0 +1,90 @@
+/**
+ * The HTTP API (hono). `createApp` wires routes to their dependencies and is
+ * what tests call with `app.request()`; `api/process.ts` serves it.
+ */
+import { Hono } from "hono";
+import { PoimenError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Sql } from "../db/pool.ts";
+import { ping } from "../db/pool.ts";
+import type { Admission } from "../admission/admit.ts";
+import { HEADERS } from "../contracts/runs.ts";
+import { type Authenticator, type Principal } from "./auth.ts";
+import type { ApiMetrics } from "./metrics.ts";
+import { problemResponse } from "./problem.ts";
+import { runsRoutes } from "./runs.ts";
+import { openApiDocument } from "./openapi.ts";
+import { SECOND } from "../core/time.ts";
+
+/** Hono's typing of our context variables. */
+export type ApiEnv = { Variables: { principal: Principal } };
+
+export interface AppDeps {
+  sql: Sql;
+  admission: Admission;
+  auth: Authenticator;
+  metrics: ApiMetrics;
+  log: Logger;
+  bodyLimit: number;
+}
+
+// Route labels for metrics: a fixed set, so a scan of random paths cannot
+// explode the label cardinality.
+function routeLabel(path: string): string {
+  if (path === "/v1/runs") return "/v1/runs";
+  if (path.startsWith("/v1/runs/")) return "/v1/runs/:run_id";
+  if (["/healthz", "/readyz", "/metrics", "/openapi.json"].includes(path)) return path;
+  return "other";
+}
+
+/** Builds the API application. */
+export function createApp(deps: AppDeps): Hono<ApiEnv> {
+  const { metrics, log } = deps;
+  const app = new Hono<ApiEnv>();
+
+  app.use("*", async (c, next) => {
+    const started = performance.now();
+    await next();
+    const route = routeLabel(c.req.path);
+    const caller = c.get("principal")?.kind ?? "none";
+    metrics.httpRequests.inc({ method: c.req.method, route, status: c.res.status, caller });
+    metrics.httpDuration.observe(
+      { method: c.req.method, route },
+      (performance.now() - started) / 1000,
+    );
+  });
+
+  app.get("/healthz", (c) => c.json({ status: "ok" }));
+  app.get("/readyz", async (c) => {
+    try {
+      await Promise.race([
+        ping(deps.sql),
+        new Promise((_, reject) => setTimeout(() => reject(new Error("timeout")), 2 * SECOND)),
+      ]);
+      return c.json({ status: "ready" });
+    } catch (err) {
+      throw new PoimenError("database-unavailable", "the database does not answer", { cause: err });
+    }
+  });
+  app.get("/metrics", async (c) => {
+    c.header("content-type", metrics.registry.contentType);
+    return c.body(await metrics.registry.metrics());
+  });
+  app.get("/openapi.json", (c) => c.json(openApiDocument()));
+
+  app.use("/v1/*", async (c, next) => {
+    const principal = await deps.auth.authenticate(
+      c.req.header("authorization"),
+      c.req.header(HEADERS.tenant),
+    );
+    c.set("principal", principal);
+    await next();
+  });
+  app.route("/v1/runs", runsRoutes(deps));
+
+  app.notFound(() => {
+    throw new PoimenError("not-found", "no such resource");
+  });
+  app.onError((err, c) => problemResponse(c, err, log));
+  return app;
+}

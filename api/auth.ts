@@ -1,0 +1,114 @@
+/**
+ * Bearer-token authentication. Tokens are `pmn_` + 256 random bits, stored
+ * as SHA-256; a verified token is cached briefly so admission does not pay a
+ * database round trip per request (a revoked token stops working within
+ * `cacheMs`). A tenant token acts for its own tenant; a service token acts
+ * for the tenant named in `Poimen-Tenant`, and only a service token may.
+ */
+import { PoimenError } from "../core/errors.ts";
+import type { Sql } from "../db/pool.ts";
+import { selectToken, tenantExists, type TokenRow } from "../db/auth.ts";
+import { TENANT_ID } from "../contracts/runs.ts";
+
+/** Who is calling, once authenticated. */
+export interface Principal {
+  kind: "tenant" | "service";
+  /** The tenant this request acts for. */
+  tenantId: string;
+  /** The token's name, recorded as the run's source (`http:<name>`). */
+  name: string;
+}
+
+/** A new random token, as shown once to its owner. */
+export function newToken(): string {
+  const bytes = crypto.getRandomValues(new Uint8Array(32));
+  return "pmn_" + btoa(String.fromCharCode(...bytes)).replaceAll("+", "-").replaceAll("/", "_")
+    .replaceAll("=", "");
+}
+
+/** SHA-256 of a token: what is stored and looked up. */
+export async function hashToken(token: string): Promise<Uint8Array> {
+  return new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(token)));
+}
+
+interface Cached<T> {
+  value: T;
+  until: number;
+}
+
+export class Authenticator {
+  readonly #sql: Sql;
+  readonly #cacheMs: number;
+  readonly #tokens = new Map<string, Cached<TokenRow | undefined>>();
+  readonly #tenants = new Map<string, Cached<boolean>>();
+  readonly #onFailure: (reason: string) => void;
+
+  constructor(sql: Sql, cacheMs: number, onFailure: (reason: string) => void = () => {}) {
+    this.#sql = sql;
+    this.#cacheMs = cacheMs;
+    this.#onFailure = onFailure;
+  }
+
+  /** Resolves the principal for an `Authorization` and a `Poimen-Tenant` header value. */
+  async authenticate(
+    authorization: string | undefined,
+    tenantHeader: string | undefined,
+  ): Promise<Principal> {
+    const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? "");
+    if (!m) this.#fail("unauthorized", "missing-token", "a bearer token is required");
+    const token = await this.#token(m[1]);
+    if (!token) this.#fail("unauthorized", "bad-token", "the bearer token is not valid");
+
+    if (token.kind === "tenant") {
+      if (tenantHeader !== undefined && tenantHeader !== token.tenant_id) {
+        this.#fail("forbidden", "wrong-tenant", "this token may act only for its own tenant");
+      }
+      return { kind: "tenant", tenantId: token.tenant_id!, name: token.name };
+    }
+    if (tenantHeader === undefined) {
+      this.#fail("forbidden", "no-tenant", "a service token must name a tenant in Poimen-Tenant");
+    }
+    if (!TENANT_ID.test(tenantHeader) || !(await this.#tenantExists(tenantHeader))) {
+      this.#fail("forbidden", "unknown-tenant", `unknown tenant ${JSON.stringify(tenantHeader)}`);
+    }
+    return { kind: "service", tenantId: tenantHeader, name: token.name };
+  }
+
+  #fail(code: "unauthorized" | "forbidden", reason: string, message: string): never {
+    this.#onFailure(reason);
+    throw new PoimenError(code, message);
+  }
+
+  async #token(token: string): Promise<TokenRow | undefined> {
+    const hash = await hashToken(token);
+    const key = Array.from(hash, (b) => b.toString(16).padStart(2, "0")).join("");
+    return await this.#cached(this.#tokens, key, () => selectToken(this.#sql, hash));
+  }
+
+  async #tenantExists(tenantId: string): Promise<boolean> {
+    // Only "exists" is cached: a tenant created a moment ago must work at once.
+    return await this.#cached(
+      this.#tenants,
+      tenantId,
+      () => tenantExists(this.#sql, tenantId),
+      (exists) => exists,
+    );
+  }
+
+  async #cached<T>(
+    map: Map<string, Cached<T>>,
+    key: string,
+    load: () => Promise<T>,
+    keep: (value: T) => boolean = () => true,
+  ): Promise<T> {
+    const now = Date.now();
+    const hit = map.get(key);
+    if (hit && hit.until > now) return hit.value;
+    const value = await load();
+    if (!keep(value)) return value;
+    // Bounded: a flood of bad tokens must not grow memory without limit.
+    if (map.size >= 10_000) map.clear();
+    map.set(key, { value, until: now + this.#cacheMs });
+    return value;
+  }
+}

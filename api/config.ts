@@ -1,0 +1,25 @@
+/** The API process's configuration, read once from the environment. */
+import { z } from "zod";
+import { databaseEnv, logEnv, millis, port, positiveInt, readEnv } from "../core/config.ts";
+import { SECOND } from "../core/time.ts";
+
+export const ApiEnv = z.object({
+  ...databaseEnv,
+  ...logEnv,
+  PORT: port(8080),
+  HOST: z.string().min(1).default("127.0.0.1"),
+  /** Request body limit in bytes (default 1 MiB). */
+  BODY_LIMIT_BYTES: positiveInt(1024 * 1024),
+  /** How long a verified token is trusted without asking the database again. */
+  AUTH_CACHE_MS: millis(30 * SECOND),
+  /** Most admissions coalesced into one statement. */
+  ADMISSION_MAX_BATCH: positiveInt(128),
+  /** Most admission statements in flight (each holds a pooled connection). */
+  ADMISSION_MAX_CONCURRENT: positiveInt(4),
+  DEFAULT_MAX_ATTEMPTS: positiveInt(3),
+});
+export type ApiConfig = z.infer<typeof ApiEnv>;
+
+export function readApiConfig(env: Record<string, string | undefined>): ApiConfig {
+  return readEnv(ApiEnv, env);
+}

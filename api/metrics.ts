@@ -1,0 +1,61 @@
+/** The API's Prometheus metrics, on a registry of its own (never prom-client's global one). */
+import client from "prom-client";
+
+export type ApiMetrics = ReturnType<typeof createApiMetrics>;
+
+/** Creates the API's metrics on `registry`. */
+export function createApiMetrics(registry: client.Registry) {
+  const registers = [registry];
+  return {
+    registry,
+    httpRequests: new client.Counter({
+      name: "poimen_http_requests_total",
+      help: "HTTP requests by method, route, status and caller kind (tenant, service, none)",
+      labelNames: ["method", "route", "status", "caller"] as const,
+      registers,
+    }),
+    httpDuration: new client.Histogram({
+      name: "poimen_http_request_duration_seconds",
+      help: "HTTP request duration",
+      labelNames: ["method", "route"] as const,
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers,
+    }),
+    admissions: new client.Counter({
+      name: "poimen_admissions_total",
+      help: "Admissions by outcome: created, deduplicated, rejected",
+      labelNames: ["outcome"] as const,
+      registers,
+    }),
+    admissionDuration: new client.Histogram({
+      name: "poimen_admission_duration_seconds",
+      help: "Time in the admission kernel, by outcome",
+      labelNames: ["outcome"] as const,
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+      registers,
+    }),
+    replayBodyMismatch: new client.Counter({
+      name: "poimen_admission_replay_body_mismatch_total",
+      help: "Replays of a dispatch key whose body differed from the first request's",
+      registers,
+    }),
+    admissionCalls: new client.Counter({
+      name: "poimen_admission_calls_total",
+      help: "Calls of the admission kernel by entry point (only http exists)",
+      labelNames: ["entry"] as const,
+      registers,
+    }),
+    admissionBatch: new client.Histogram({
+      name: "poimen_admission_batch_size",
+      help: "Admissions coalesced into one database statement (group commit)",
+      buckets: [1, 2, 4, 8, 16, 32, 64, 128],
+      registers,
+    }),
+    authFailures: new client.Counter({
+      name: "poimen_auth_failures_total",
+      help: "Requests refused by authentication or tenant checks, by reason",
+      labelNames: ["reason"] as const,
+      registers,
+    }),
+  };
+}

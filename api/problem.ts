@@ -1,0 +1,49 @@
+/** Errors to RFC 9457 problem+json: the one place where errors become HTTP. */
+import type { Context } from "hono";
+import { PoimenError, PROBLEM_BASE } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import { toDbError } from "../db/pool.ts";
+import type { Problem } from "../contracts/runs.ts";
+
+const TITLES: Record<string, string> = {
+  "bad-json": "Request body is not valid JSON",
+  validation: "Request does not match the schema",
+  "unknown-workflow": "Unknown workflow",
+  "body-too-large": "Request body too large",
+  "unsupported-media-type": "Content type must be application/json",
+  unauthorized: "Authentication required",
+  forbidden: "Not allowed for this tenant",
+  "not-found": "Not found",
+  "database-unavailable": "Database unavailable",
+  internal: "Internal error",
+};
+
+/** Seconds a client should wait before retrying a 503. */
+export const RETRY_AFTER_SECONDS = 1;
+
+/** Builds the problem response for `err`; unexpected errors are logged and hidden. */
+export function problemResponse(c: Context, err: unknown, log: Logger): Response {
+  const e = toDbError(err);
+  const pe = e instanceof PoimenError ? e : new PoimenError("internal", "internal error");
+  if (!(e instanceof PoimenError) || pe.status >= 500) {
+    log.error("request failed", {
+      method: c.req.method,
+      path: c.req.path,
+      code: pe.code,
+      error: e instanceof Error ? e.message : String(e),
+    });
+  }
+  const body: Problem = {
+    type: PROBLEM_BASE + pe.code,
+    title: TITLES[pe.code] ?? pe.code,
+    status: pe.status,
+    // Internal errors say nothing about internals.
+    detail: e instanceof PoimenError ? pe.message : undefined,
+    retryable: pe.retryable,
+    errors: pe.errors,
+  };
+  const headers: Record<string, string> = { "content-type": "application/problem+json" };
+  if (pe.code === "database-unavailable") headers["retry-after"] = String(RETRY_AFTER_SECONDS);
+  if (pe.code === "unauthorized") headers["www-authenticate"] = 'Bearer realm="poimen"';
+  return new Response(JSON.stringify(body), { status: pe.status, headers });
+}

@@ -1,0 +1,64 @@
+/** `deno task api`: serves the HTTP API until SIGTERM/SIGINT. */
+import client from "prom-client";
+import { processEnv } from "../core/config.ts";
+import { createLogger } from "../core/log.ts";
+import { once, runUntilSignal } from "../core/lifecycle.ts";
+import { createPool } from "../db/pool.ts";
+import { notifyQueued } from "../db/queue.ts";
+import { Admission } from "../admission/admit.ts";
+import { Waker } from "../admission/wake.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { readApiConfig } from "./config.ts";
+import { createApp } from "./app.ts";
+import { Authenticator } from "./auth.ts";
+import { createApiMetrics } from "./metrics.ts";
+
+export async function main(_args: string[]): Promise<void> {
+  const config = readApiConfig(processEnv());
+  const log = createLogger("api", config.LOG_LEVEL);
+  const sql = createPool({
+    url: config.DATABASE_URL,
+    max: config.DATABASE_POOL_SIZE,
+    applicationName: "poimen-api",
+  });
+  const metrics = createApiMetrics(new client.Registry());
+  const waker = new Waker(
+    () => notifyQueued(sql),
+    (err) => log.warn("worker wake-up failed", { error: err }),
+  );
+  const admission = new Admission(sql, builtinRegistry(config.DEFAULT_MAX_ATTEMPTS), {
+    maxBatch: config.ADMISSION_MAX_BATCH,
+    maxConcurrent: config.ADMISSION_MAX_CONCURRENT,
+  }, {
+    onCreated: () => waker.poke(),
+    onCall: (entry) => metrics.admissionCalls.inc({ entry }),
+    onFlush: (size) => metrics.admissionBatch.observe(size),
+  });
+  const auth = new Authenticator(
+    sql,
+    config.AUTH_CACHE_MS,
+    (reason) => metrics.authFailures.inc({ reason }),
+  );
+  const app = createApp({ sql, admission, auth, metrics, log, bodyLimit: config.BODY_LIMIT_BYTES });
+
+  let server: Deno.HttpServer | undefined;
+  await runUntilSignal({
+    start() {
+      const listening = Promise.withResolvers<void>();
+      server = Deno.serve({
+        port: config.PORT,
+        hostname: config.HOST,
+        onListen: ({ hostname, port }) => {
+          log.info("listening", { url: `http://${hostname}:${port}` });
+          listening.resolve();
+        },
+      }, app.fetch);
+      return listening.promise;
+    },
+    stop: once(async () => {
+      // Finish in-flight requests (their admissions commit), then close the pool.
+      await server?.shutdown();
+      await sql.end({ timeout: 5 });
+    }),
+  }, log);
+}

@@ -1,0 +1,125 @@
+/** The runs resource: admission, one run, and a tenant's runs with keyset pagination. */
+import { Hono } from "hono";
+import { PoimenError } from "../core/errors.ts";
+import { UUID_PATTERN } from "../core/uuid.ts";
+import type { Sql } from "../db/pool.ts";
+import { type RunRow, selectRun, selectRuns } from "../db/runs.ts";
+import type { Admission } from "../admission/admit.ts";
+import { HEADERS, ListRunsQuery, type Run, RunRequest } from "../contracts/runs.ts";
+import type { ApiEnv } from "./app.ts";
+import { parseJsonBody, parseWith } from "./request.ts";
+import type { ApiMetrics } from "./metrics.ts";
+
+export interface RunsDeps {
+  sql: Sql;
+  admission: Admission;
+  metrics: ApiMetrics;
+  bodyLimit: number;
+}
+
+/** A run row as JSON. */
+export function toRun(row: RunRow & { input?: unknown }): Run {
+  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
+  return {
+    run_id: row.run_id,
+    tenant_id: row.tenant_id,
+    workflow_ref: row.workflow_ref,
+    workflow: row.workflow_name,
+    workflow_version: row.workflow_version,
+    status: row.status,
+    goal_id: row.goal_id,
+    dispatch_key: row.dispatch_key,
+    source: row.source,
+    attempts: row.attempts,
+    max_attempts: row.max_attempts,
+    ...("input" in row ? { input: row.input } : {}),
+    result: row.result ?? null,
+    error: row.error ?? null,
+    created_at: iso(row.created_at)!,
+    updated_at: iso(row.updated_at)!,
+    started_at: iso(row.started_at),
+    finished_at: iso(row.finished_at),
+  };
+}
+
+// The cursor is opaque to clients: base64url of the last run id of a page.
+function encodeCursor(runId: string): string {
+  return btoa(runId).replaceAll("=", "");
+}
+function decodeCursor(cursor: string): string {
+  let runId = "";
+  try {
+    runId = atob(cursor);
+  } catch { /* reported below */ }
+  if (!UUID_PATTERN.test(runId)) {
+    throw new PoimenError("validation", "bad cursor", {
+      errors: [{ path: "cursor", message: "not a cursor returned by this API" }],
+    });
+  }
+  return runId;
+}
+
+/** Routes under /v1/runs. */
+export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
+  const { sql, admission, metrics } = deps;
+  const app = new Hono<ApiEnv>();
+
+  app.post("/", async (c) => {
+    const started = performance.now();
+    let outcome = "rejected";
+    try {
+      const body = parseWith(RunRequest, await parseJsonBody(c, deps.bodyLimit));
+      const principal = c.get("principal");
+      // Only a service token (the relay) may say where a request came from.
+      const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
+      const source = claimed && claimed.length <= 300 ? claimed : `http:${principal.name}`;
+      const result = await admission.admit(body, {
+        tenantId: principal.tenantId,
+        source,
+        entry: "http",
+      });
+      const run = toRun(result.run);
+      if (result.created) {
+        outcome = "created";
+        c.header("Location", `/v1/runs/${run.run_id}`);
+        return c.json(run, 201);
+      }
+      outcome = "deduplicated";
+      c.header(HEADERS.replayed, "true");
+      if (!result.sameBody) {
+        metrics.replayBodyMismatch.inc();
+        c.header(HEADERS.bodyMismatch, "true");
+      }
+      return c.json(run, 200);
+    } finally {
+      metrics.admissions.inc({ outcome });
+      metrics.admissionDuration.observe({ outcome }, (performance.now() - started) / 1000);
+    }
+  });
+
+  app.get("/:run_id", async (c) => {
+    const runId = c.req.param("run_id");
+    // Not a uuid cannot be anyone's run: 404, not 422, so ids reveal nothing.
+    const row = UUID_PATTERN.test(runId)
+      ? await selectRun(sql, c.get("principal").tenantId, runId)
+      : undefined;
+    if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    return c.json(toRun(row));
+  });
+
+  app.get("/", async (c) => {
+    const q = parseWith(ListRunsQuery, c.req.query());
+    const rows = await selectRuns(sql, c.get("principal").tenantId, {
+      goalId: q.goal_id,
+      dispatchKey: q.dispatch_key,
+      status: q.status,
+      before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
+      limit: q.limit + 1,
+    });
+    const page = rows.slice(0, q.limit);
+    const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
+    return c.json({ runs: page.map(toRun), next_cursor: next });
+  });
+
+  return app;
+}

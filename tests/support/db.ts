@@ -1,0 +1,62 @@
+/**
+ * A database of its own for each test file: created empty, migrated with
+ * the real migrations, dropped at the end, so test files run in any order
+ * and in parallel without seeing each other's rows.
+ */
+import { createPool, type Sql } from "../../db/pool.ts";
+import { loadMigrations, migrate } from "../../db/migrate.ts";
+import { silentLogger } from "../../core/log.ts";
+
+export const ADMIN_URL = Deno.env.get("TEST_DATABASE_ADMIN_URL") ??
+  "postgres://postgres@127.0.0.1:5432/postgres";
+
+export interface TestDatabase {
+  name: string;
+  url: string;
+  sql: Sql;
+  drop(): Promise<void>;
+}
+
+/** Creates and migrates a fresh database; `drop()` closes `sql` and removes it. */
+export async function freshDatabase(migrated = true): Promise<TestDatabase> {
+  const name = `poimen_test_${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`;
+  const admin = createPool({ url: ADMIN_URL, max: 1, applicationName: "poimen-test" });
+  await admin.unsafe(`create database ${name}`);
+  await admin.end();
+  const url = new URL(ADMIN_URL);
+  url.pathname = `/${name}`;
+  const sql = createPool({ url: url.href, max: 10, applicationName: "poimen-test" });
+  if (migrated) await migrate(sql, await loadMigrations(), silentLogger);
+  return {
+    name,
+    url: url.href,
+    sql,
+    async drop() {
+      await sql.end({ timeout: 5 });
+      const a = createPool({ url: ADMIN_URL, max: 1, applicationName: "poimen-test" });
+      await a.unsafe(`drop database if exists ${name} with (force)`);
+      await a.end();
+    },
+  };
+}
+
+/** Polls `check` until it returns a value other than undefined/false, or throws at the deadline. */
+export async function waitFor<T>(
+  what: string,
+  check: () => Promise<T | undefined | false> | T | undefined | false,
+  timeoutMs = 30_000,
+  intervalMs = 50,
+): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let last: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const v = await check();
+      if (v !== undefined && v !== false) return v as T;
+    } catch (err) {
+      last = err;
+    }
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${last}` : ""}`);
+}

@@ -1,0 +1,159 @@
+/**
+ * Real poimen processes for integration tests: `deno run main.ts <command>`
+ * with the same permissions as its `deno task`, its own environment, logs
+ * kept for failure reports, stopped with SIGTERM.
+ */
+import { waitFor } from "./db.ts";
+
+const ROOT = new URL("../../", import.meta.url);
+
+/** The permission flags of each process, as in deno.json's tasks. */
+export const PERMISSIONS: Record<string, string[]> = {
+  api: ["--allow-net", "--allow-env"],
+  relay: ["--allow-net", "--allow-env"],
+  worker: ["--allow-net", "--allow-env", "--allow-sys=hostname"],
+  outbox: ["--allow-net", "--allow-env", "--allow-sys=hostname"],
+};
+
+/** A free TCP port on 127.0.0.1 (asked of the OS, then released). */
+export function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+export class PoimenProcess {
+  readonly command: string;
+  readonly #child: Deno.ChildProcess;
+  readonly #log: string[] = [];
+  readonly #done: Promise<Deno.CommandStatus>;
+  #exited = false;
+
+  constructor(command: string, env: Record<string, string>, extraArgs: string[] = []) {
+    this.command = command;
+    this.#child = new Deno.Command(Deno.execPath(), {
+      args: ["run", ...(PERMISSIONS[command] ?? ["-A"]), "main.ts", command, ...extraArgs],
+      cwd: ROOT,
+      env: { NO_COLOR: "1", ...env },
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    this.#collect(this.#child.stdout);
+    this.#collect(this.#child.stderr);
+    this.#done = this.#child.status.then((s) => {
+      this.#exited = true;
+      return s;
+    });
+  }
+
+  async #collect(stream: ReadableStream<Uint8Array>) {
+    const lines = stream.pipeThrough(new TextDecoderStream());
+    let rest = "";
+    for await (const chunk of lines) {
+      const parts = (rest + chunk).split("\n");
+      rest = parts.pop() ?? "";
+      this.#log.push(...parts);
+      if (this.#log.length > 5000) this.#log.splice(0, this.#log.length - 5000);
+    }
+    if (rest) this.#log.push(rest);
+  }
+
+  get pid(): number {
+    return this.#child.pid;
+  }
+
+  get exited(): boolean {
+    return this.#exited;
+  }
+
+  /** Everything the process wrote so far. */
+  logs(): string[] {
+    return [...this.#log];
+  }
+
+  /** Resolves with the exit status. */
+  status(): Promise<Deno.CommandStatus> {
+    return this.#done;
+  }
+
+  /** Sends `signal` and waits for the exit (killing it after `timeoutMs`). */
+  async stop(signal: Deno.Signal = "SIGTERM", timeoutMs = 15_000): Promise<Deno.CommandStatus> {
+    if (!this.#exited) {
+      try {
+        this.#child.kill(signal);
+      } catch { /* already gone */ }
+      const timer = setTimeout(() => {
+        try {
+          this.#child.kill("SIGKILL");
+        } catch { /* gone */ }
+      }, timeoutMs);
+      try {
+        return await this.#done;
+      } finally {
+        clearTimeout(timer);
+      }
+    }
+    return await this.#done;
+  }
+}
+
+/** A running API process on a free port. */
+export class ApiProcess extends PoimenProcess {
+  readonly url: string;
+  constructor(env: Record<string, string>) {
+    const port = freePort();
+    super("api", { PORT: String(port), HOST: "127.0.0.1", LOG_LEVEL: "warn", ...env });
+    this.url = `http://127.0.0.1:${port}`;
+  }
+
+  /** Waits until /readyz answers 200. */
+  async ready(timeoutMs = 30_000): Promise<this> {
+    await waitFor(`api ${this.url} ready`, async () => {
+      if (this.exited) throw new Error(`api exited:\n${this.logs().join("\n")}`);
+      const res = await fetch(`${this.url}/readyz`);
+      await res.body?.cancel();
+      return res.status === 200;
+    }, timeoutMs);
+    return this;
+  }
+
+  /** Parses one Prometheus sample of the API's /metrics (0 when absent). */
+  async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
+    const text = await (await fetch(`${this.url}/metrics`)).text();
+    return sampleValue(text, name, labels);
+  }
+}
+
+/** Sums the samples of `name` whose labels include `labels` in Prometheus text. */
+export function sampleValue(text: string, name: string, labels: Record<string, string>): number {
+  let sum = 0;
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(name)) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)$/.exec(line);
+    if (!m || m[1] !== name) continue;
+    const have = new Map(
+      [...(m[3] ?? "").matchAll(/([a-zA-Z_]+)="((?:[^"\\]|\\.)*)"/g)].map((x) => [x[1], x[2]]),
+    );
+    if (Object.entries(labels).every(([k, v]) => have.get(k) === v)) sum += Number(m[4]);
+  }
+  return sum;
+}
+
+/** Runs `main.ts <command> args` to completion and returns its status and output. */
+export async function runCommand(
+  command: string,
+  args: string[],
+  env: Record<string, string>,
+  permissions: string[] = ["-A"],
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", ...permissions, "main.ts", command, ...args],
+    cwd: ROOT,
+    env: { NO_COLOR: "1", ...env },
+    stdin: "null",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
+}
