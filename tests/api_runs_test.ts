@@ -1,0 +1,307 @@
+/**
+ * The API's refusals, in process (`app.request()`) on a real Postgres: each
+ * bad input and each auth rule gets its status and problem type, and
+ * changes no row.
+ */
+import assert from "node:assert/strict";
+import client from "prom-client";
+import { freshDatabase } from "./support/db.ts";
+import { silentLogger } from "../core/log.ts";
+import { PROBLEM_BASE } from "../core/errors.ts";
+import { Admission } from "../admission/admit.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { createApp } from "../api/app.ts";
+import { Authenticator, hashToken, newToken } from "../api/auth.ts";
+import { createApiMetrics } from "../api/metrics.ts";
+import { insertTenant, insertToken } from "../db/auth.ts";
+import { createPool } from "../db/pool.ts";
+
+const db = await freshDatabase();
+const sql = db.sql;
+const metrics = createApiMetrics(new client.Registry());
+const admission = new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 });
+const app = createApp({
+  sql,
+  admission,
+  auth: new Authenticator(sql, 30_000),
+  metrics,
+  log: silentLogger,
+  bodyLimit: 4096,
+});
+
+async function token(kind: "tenant" | "service", name: string): Promise<string> {
+  const t = newToken();
+  if (kind === "tenant") await insertTenant(sql, name);
+  await insertToken(sql, await hashToken(t), {
+    kind,
+    tenant_id: kind === "tenant" ? name : null,
+    name,
+  });
+  return t;
+}
+
+const acme = await token("tenant", "acme");
+const globex = await token("tenant", "globex");
+const relay = await token("service", "relay");
+
+async function counts(): Promise<[number, number]> {
+  const [r] = await sql`select (select count(*)::int from runs) as runs,
+                               (select count(*)::int from work_events) as events`;
+  return [r.runs, r.events];
+}
+
+function req(body: BodyInit | null, headers: Record<string, string> = {}, method = "POST") {
+  return app.request("/v1/runs", {
+    method,
+    body,
+    headers: { authorization: `Bearer ${acme}`, "content-type": "application/json", ...headers },
+  });
+}
+
+/** Asserts a problem response of `status` and `code`, and that no row changed. */
+async function refused(res: Response | Promise<Response>, status: number, code: string) {
+  const before = await counts();
+  const r = await res;
+  const body = await r.json();
+  assert.equal(r.status, status, JSON.stringify(body));
+  assert.equal(r.headers.get("content-type"), "application/problem+json");
+  assert.equal(body.type, PROBLEM_BASE + code);
+  assert.equal(body.status, status);
+  assert.deepEqual(await counts(), before);
+  return body;
+}
+
+Deno.test("idempotent_admission: api refuses each bad input with a problem and writes nothing", async (t) => {
+  const start = await counts();
+  await t.step("not JSON: 400", () => refused(req("{nope"), 400, "bad-json"));
+  await t.step("empty body: 400", () => refused(req(""), 400, "bad-json"));
+  await t.step(
+    "wrong content type: 415",
+    () =>
+      refused(
+        req("workflow_ref=echo", { "content-type": "text/plain" }),
+        415,
+        "unsupported-media-type",
+      ),
+  );
+  await t.step("body over the limit: 413", () =>
+    refused(
+      req(JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })),
+      413,
+      "body-too-large",
+    ));
+  await t.step("missing workflow_ref: 422 naming the field", async () => {
+    const body = await refused(req(JSON.stringify({ input: {} })), 422, "validation");
+    assert.equal(body.errors[0].path, "workflow_ref");
+  });
+  await t.step(
+    "unknown field: 422",
+    () =>
+      refused(req(JSON.stringify({ workflow_ref: "echo", dispatchKey: "k" })), 422, "validation"),
+  );
+  await t.step(
+    "unknown workflow: 422",
+    () => refused(req(JSON.stringify({ workflow_ref: "nope" })), 422, "unknown-workflow"),
+  );
+  await t.step(
+    "unknown version: 422",
+    () => refused(req(JSON.stringify({ workflow_ref: "echo@99" })), 422, "unknown-workflow"),
+  );
+  await t.step("input not matching the workflow: 422", async () => {
+    const body = await refused(
+      req(JSON.stringify({ workflow_ref: "sleep", input: { ms: "long" } })),
+      422,
+      "validation",
+    );
+    assert.equal(body.errors[0].path, "input.ms");
+  });
+  await t.step(
+    "empty dispatch_key: 422",
+    () =>
+      refused(req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "" })), 422, "validation"),
+  );
+  await t.step("dispatch_key over 255 chars: 422", () =>
+    refused(
+      req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "k".repeat(256) })),
+      422,
+      "validation",
+    ));
+  await t.step(
+    "dispatch_key with a control character: 422",
+    () =>
+      refused(
+        req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "a\nb" })),
+        422,
+        "validation",
+      ),
+  );
+  await t.step(
+    "goal_id over 255 chars: 422",
+    () =>
+      refused(
+        req(JSON.stringify({ workflow_ref: "echo", goal_id: "g".repeat(256) })),
+        422,
+        "validation",
+      ),
+  );
+  await t.step(
+    "bad list filter: 422",
+    () =>
+      refused(
+        app.request("/v1/runs?status=lost", { headers: { authorization: `Bearer ${acme}` } }),
+        422,
+        "validation",
+      ),
+  );
+  await t.step(
+    "bad cursor: 422",
+    () =>
+      refused(
+        app.request("/v1/runs?cursor=zzz", { headers: { authorization: `Bearer ${acme}` } }),
+        422,
+        "validation",
+      ),
+  );
+  assert.deepEqual(await counts(), start);
+});
+
+Deno.test("idempotent_admission: api auth rules", async (t) => {
+  const ok = JSON.stringify({ workflow_ref: "echo", input: { hi: 1 } });
+  await t.step("no token: 401 with WWW-Authenticate", async () => {
+    const r = app.request("/v1/runs", {
+      method: "POST",
+      body: ok,
+      headers: { "content-type": "application/json" },
+    });
+    await refused(r, 401, "unauthorized");
+    assert.match((await app.request("/v1/runs")).headers.get("www-authenticate") ?? "", /Bearer/);
+  });
+  await t.step(
+    "unknown token: 401",
+    () => refused(req(ok, { authorization: `Bearer ${newToken()}` }), 401, "unauthorized"),
+  );
+  await t.step(
+    "not a bearer token: 401",
+    () => refused(req(ok, { authorization: `Basic ${btoa("a:b")}` }), 401, "unauthorized"),
+  );
+  await t.step(
+    "tenant token naming another tenant: 403",
+    () => refused(req(ok, { "poimen-tenant": "globex" }), 403, "forbidden"),
+  );
+  await t.step(
+    "service token without a tenant: 403",
+    () => refused(req(ok, { authorization: `Bearer ${relay}` }), 403, "forbidden"),
+  );
+  await t.step(
+    "service token for an unknown tenant: 403",
+    () =>
+      refused(
+        req(ok, { authorization: `Bearer ${relay}`, "poimen-tenant": "nobody" }),
+        403,
+        "forbidden",
+      ),
+  );
+  await t.step("service token for a tenant: admits there, with its source", async () => {
+    const r = await req(ok, {
+      authorization: `Bearer ${relay}`,
+      "poimen-tenant": "globex",
+      "poimen-source": "kafka:poimen.globex.dispatch/0/42",
+    });
+    assert.equal(r.status, 201);
+    const run = await r.json();
+    assert.equal(run.tenant_id, "globex");
+    assert.equal(run.source, "kafka:poimen.globex.dispatch/0/42");
+  });
+  await t.step("a tenant token cannot claim a source", async () => {
+    const r = await req(ok, { "poimen-source": "kafka:poimen.acme.dispatch/0/1" });
+    assert.equal(r.status, 201);
+    assert.equal((await r.json()).source, "http:acme");
+  });
+  await t.step("another tenant's run is a 404, and absent from its list", async () => {
+    const mine = await (await req(ok)).json();
+    const other = await app.request(`/v1/runs/${mine.run_id}`, {
+      headers: { authorization: `Bearer ${globex}` },
+    });
+    await refused(other, 404, "not-found");
+    const list = await (await app.request("/v1/runs?limit=500", {
+      headers: { authorization: `Bearer ${globex}` },
+    })).json();
+    assert.ok(list.runs.every((r: { tenant_id: string }) => r.tenant_id === "globex"));
+    assert.ok(!list.runs.some((r: { run_id: string }) => r.run_id === mine.run_id));
+  });
+});
+
+Deno.test("idempotent_admission: runs list filters and pages with a cursor", async () => {
+  const auth = { authorization: `Bearer ${acme}` };
+  const goal = `goal-${crypto.randomUUID()}`;
+  const made: string[] = [];
+  for (let i = 0; i < 7; i++) {
+    const r = await req(JSON.stringify({ workflow_ref: "echo", input: { i }, goal_id: goal }));
+    assert.equal(r.status, 201);
+    made.push((await r.json()).run_id);
+  }
+  const seen: string[] = [];
+  let cursor: string | null = null;
+  do {
+    const q: string = `/v1/runs?goal_id=${goal}&limit=3${cursor ? `&cursor=${cursor}` : ""}`;
+    const page = await (await app.request(q, { headers: auth })).json();
+    assert.ok(page.runs.length <= 3);
+    seen.push(...page.runs.map((r: { run_id: string }) => r.run_id));
+    cursor = page.next_cursor;
+  } while (cursor);
+  assert.deepEqual(seen, [...made].reverse(), "newest first, each once");
+
+  const byKey = await req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "find-me" }));
+  const id = (await byKey.json()).run_id;
+  const found = await (await app.request("/v1/runs?dispatch_key=find-me", { headers: auth }))
+    .json();
+  assert.deepEqual(found.runs.map((r: { run_id: string }) => r.run_id), [id]);
+  const queued = await (await app.request(`/v1/runs?status=queued&goal_id=${goal}`, {
+    headers: auth,
+  })).json();
+  assert.equal(queued.runs.length, 7);
+  const one = await (await app.request(`/v1/runs/${id}`, { headers: auth })).json();
+  assert.equal(one.run_id, id);
+  assert.equal(one.input, null);
+  assert.equal(one.workflow_version, 1);
+});
+
+Deno.test("idempotent_admission: health, readiness, metrics and the OpenAPI document", async () => {
+  assert.equal((await app.request("/healthz")).status, 200);
+  assert.equal((await app.request("/readyz")).status, 200);
+  const text = await (await app.request("/metrics")).text();
+  assert.match(text, /poimen_admissions_total\{outcome="created"\} \d+/);
+  const doc = await (await app.request("/openapi.json")).json();
+  assert.equal(doc.openapi, "3.1.0");
+  assert.deepEqual(doc.components.schemas.RunRequest.required, ["workflow_ref"]);
+  assert.ok(doc.paths["/v1/runs"].post.responses["201"]);
+});
+
+Deno.test("idempotent_admission: a database outage is a 503 with Retry-After", async () => {
+  // A pool pointing at a port where no Postgres listens.
+  const dead = createPool({
+    url: "postgres://postgres@127.0.0.1:1/nowhere",
+    max: 1,
+    applicationName: "dead",
+  });
+  const deadApp = createApp({
+    sql: dead,
+    admission: new Admission(dead, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 }),
+    auth: new Authenticator(dead, 1000),
+    metrics: createApiMetrics(new client.Registry()),
+    log: silentLogger,
+    bodyLimit: 4096,
+  });
+  for (const path of ["/readyz", "/v1/runs"]) {
+    const r = await deadApp.request(path, { headers: { authorization: `Bearer ${acme}` } });
+    assert.equal(r.status, 503, path);
+    assert.equal(r.headers.get("retry-after"), "1");
+    assert.equal((await r.json()).type, PROBLEM_BASE + "database-unavailable");
+  }
+  await dead.end();
+});
+
+Deno.test({
+  name: "idempotent_admission: (teardown) drop the test database",
+  fn: () => db.drop(),
+});
