@@ -6,7 +6,7 @@ import { once, runUntilSignal } from "../core/lifecycle.ts";
 import { createPool } from "../db/pool.ts";
 import { notifyQueued } from "../db/queue.ts";
 import { Admission } from "../admission/admit.ts";
-import { Waker } from "../admission/wake.ts";
+import { Waker } from "../core/waker.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";

@@ -53,3 +53,17 @@ const TENANT_TOPIC = /^poimen\.([a-z0-9_-]{1,63})\.(?:events|dispatch|dispatch\.
 export function tenantOfTopic(topic: string): string | undefined {
   return TENANT_TOPIC.exec(topic)?.[1];
 }
+
+/**
+ * Key of a dispatch message: `<tenant>/<dispatch_key>`, the identity of the
+ * intended run, so every redelivery of one spawn lands on one partition. A
+ * message without a dispatch key gets a random one (no ordering to keep).
+ */
+export function dispatchMessageKey(tenant: string, dispatchKey?: string | null): string {
+  return `${checked(tenant)}/${dispatchKey ?? crypto.randomUUID()}`;
+}
+
+/** Key of an event message: `<tenant>/<run_id>`, so a run's events stay in order on one partition. */
+export function eventMessageKey(tenant: string, runId: string): string {
+  return `${checked(tenant)}/${runId}`;
+}

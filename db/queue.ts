@@ -1,0 +1,364 @@
+/**
+ * The run queue, on the `runs` table itself. Workers claim due queued runs
+ * with `FOR UPDATE SKIP LOCKED` under a lease, heartbeat it, and finish the
+ * run with one guarded statement. Every state change appends its
+ * `work_events` row in the same statement (a data-modifying CTE), so the
+ * change and its event commit together, and the event's `seq` is the run's
+ * new `event_seq`, taken under the row lock the update holds.
+ *
+ * Every finishing statement is guarded by `lease_owner = owner and status =
+ * 'running'`: a worker that lost its lease (and whose run was reclaimed, and
+ * maybe claimed by another worker) changes nothing and is told so.
+ *
+ * Wake-ups: workers `LISTEN` on `QUEUE_CHANNEL`; whoever makes runs due calls
+ * `notifyQueued` after its transaction committed, never inside it (a NOTIFY in
+ * every admission transaction serializes all commits behind one cluster-wide
+ * lock). Runs that become due later (retry backoff) are found by polling.
+ */
+import type postgres from "postgres";
+import type { Sql } from "./pool.ts";
+import type { RunStatus } from "./runs.ts";
+
+// postgres.js serializes a jsonb parameter itself (JSON.stringify): pass the
+// value, never a string of it, or it is stored as a JSON string. Round-trip
+// first so undefined fields and toJSON() are handled as JSON would.
+function toJson(value: unknown): postgres.JSONValue {
+  return value === undefined ? null : JSON.parse(JSON.stringify(value));
+}
+
+/** The `LISTEN`/`NOTIFY` channel that says "runs are queued". */
+export const QUEUE_CHANNEL = "poimen_runs";
+
+/** A run a worker just claimed: what it needs to execute it. */
+export interface ClaimedRun {
+  tenant_id: string;
+  run_id: string;
+  workflow_ref: string;
+  workflow_name: string;
+  workflow_version: number;
+  input: unknown;
+  goal_id: string | null;
+  dispatch_key: string | null;
+  /** This attempt's number, 1 on the first. */
+  attempts: number;
+  max_attempts: number;
+  lease_expires_at: Date;
+}
+
+// The event insert shared by every transition: `from` is a CTE returning the
+// updated run's tenant_id, run_id, goal_id, dispatch_key and new event_seq.
+// Kept as text so each statement stays one round trip with one plan.
+const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at";
+
+/**
+ * Claims up to `limit` due queued runs for `owner`, oldest `run_after`
+ * first: each becomes `running` with a lease of `leaseMs`, its attempt
+ * counted, and a `run.started` event `{attempt, worker}` appended.
+ */
+export async function claimRuns(
+  sql: Sql,
+  owner: string,
+  limit: number,
+  leaseMs: number,
+): Promise<ClaimedRun[]> {
+  return await sql<ClaimedRun[]>`
+    with claimed as (
+      update runs r
+         set status = 'running',
+             attempts = r.attempts + 1,
+             lease_owner = ${owner},
+             lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
+             started_at = coalesce(r.started_at, now()),
+             updated_at = now(),
+             event_seq = r.event_seq + 1
+       where (r.tenant_id, r.run_id) in (
+               select tenant_id, run_id from runs
+                where status = 'queued' and run_after <= now()
+                order by run_after
+                limit ${limit}
+                for update skip locked)
+      returning r.tenant_id, r.run_id, r.workflow_ref, r.workflow_name, r.workflow_version,
+                r.input, r.goal_id, r.dispatch_key, r.attempts, r.max_attempts,
+                r.lease_expires_at, r.event_seq
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
+             jsonb_build_object('attempt', attempts, 'worker', ${owner}::text), now()
+        from claimed
+    )
+    select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
+           dispatch_key, attempts, max_attempts, lease_expires_at
+      from claimed`;
+}
+
+/** A run whose expired lease `reclaimExpired` took back. */
+export interface ReclaimedRun {
+  tenant_id: string;
+  run_id: string;
+  /** `queued` (retried) or `failed` (that was its last attempt). */
+  status: RunStatus;
+  attempts: number;
+  /** The worker that held the lease. */
+  previous_owner: string | null;
+}
+
+/**
+ * Takes back up to `limit` runs whose lease expired (their worker died or
+ * hung): back to `queued`, due now, with a `run.retrying` event `{attempt,
+ * reason: 'lease expired', worker}`; or `failed` with a `run.failed` event
+ * when the expired attempt was the last one. The attempt counts: a run that
+ * kills its worker every time must not be retried forever.
+ */
+export async function reclaimExpired(sql: Sql, limit: number): Promise<ReclaimedRun[]> {
+  return await sql<ReclaimedRun[]>`
+    with expired as (
+      select tenant_id, run_id, lease_owner from runs
+       where status = 'running' and lease_expires_at < now()
+       order by lease_expires_at
+       limit ${limit}
+       for update skip locked
+    ),
+    upd as (
+      update runs r
+         set status = case when r.attempts >= r.max_attempts then 'failed' else 'queued' end,
+             run_after = case when r.attempts >= r.max_attempts then r.run_after else now() end,
+             error = case when r.attempts >= r.max_attempts
+                          then jsonb_build_object('message', 'lease expired', 'code', 'lease-expired',
+                                                  'attempt', r.attempts, 'worker', e.lease_owner)
+                          else r.error end,
+             finished_at = case when r.attempts >= r.max_attempts then now() end,
+             lease_owner = null,
+             lease_expires_at = null,
+             updated_at = now(),
+             event_seq = r.event_seq + 1
+        from expired e
+       where r.tenant_id = e.tenant_id and r.run_id = e.run_id
+      returning r.tenant_id, r.run_id, r.goal_id, r.dispatch_key, r.status, r.attempts,
+                r.error, r.event_seq, e.lease_owner as previous_owner
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq,
+             case status when 'failed' then 'run.failed' else 'run.retrying' end,
+             goal_id, dispatch_key,
+             case status
+               when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
+               else jsonb_build_object('attempt', attempts, 'reason', 'lease expired',
+                                       'worker', previous_owner, 'retry_at', now())
+             end,
+             now()
+        from upd
+    )
+    select tenant_id, run_id, status, attempts, previous_owner from upd`;
+}
+
+/**
+ * Extends `owner`'s lease on a running run to now + `leaseMs`. False when the
+ * lease is lost (reclaimed, finished or owned by another worker): the caller
+ * must stop working on the run. Not a state change, so no event.
+ */
+export async function heartbeat(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  owner: string,
+  leaseMs: number,
+): Promise<boolean> {
+  const rows = await sql`
+    update runs
+       set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
+     where tenant_id = ${tenantId} and run_id = ${runId}
+       and lease_owner = ${owner} and status = 'running'
+    returning 1`;
+  return rows.length > 0;
+}
+
+/**
+ * Marks `owner`'s running run `succeeded` with `result` (JSON; undefined is
+ * stored as null) and appends `run.succeeded` `{attempt, result}`. False when
+ * the lease was lost: nothing was written.
+ */
+export async function completeRun(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  owner: string,
+  result: unknown,
+): Promise<boolean> {
+  const rows = await sql`
+    with upd as (
+      update runs
+         set status = 'succeeded',
+             result = coalesce(${sql.json(toJson(result))}::jsonb, 'null'::jsonb),
+             error = null,
+             lease_owner = null,
+             lease_expires_at = null,
+             finished_at = now(),
+             updated_at = now(),
+             event_seq = event_seq + 1
+       where tenant_id = ${tenantId} and run_id = ${runId}
+         and lease_owner = ${owner} and status = 'running'
+      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts, result
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq, 'run.succeeded', goal_id, dispatch_key,
+             jsonb_build_object('attempt', attempts, 'result', result), now()
+        from upd
+    )
+    select 1 from upd`;
+  return rows.length > 0;
+}
+
+/** Why an attempt failed, stored as the run's `error` and in its event. */
+export interface AttemptError {
+  message: string;
+  /** A stable code for failures poimen itself decides (e.g. `unknown-workflow`). */
+  code?: string;
+  [key: string]: unknown;
+}
+
+/** What `failAttempt` did. */
+export interface FailOutcome {
+  status: "queued" | "failed";
+  /** When the retry is due (status `queued`). */
+  retry_at: Date;
+  attempts: number;
+}
+
+/**
+ * Ends `owner`'s failed attempt: back to `queued`, due in `backoffMs`, with
+ * `run.retrying` `{attempt, error, retry_at}`; or, when that was the last
+ * attempt or `final` (retrying cannot help, e.g. the input no longer
+ * validates), `failed` with `run.failed` `{attempt, error}`. The decision is
+ * made on the row, under its lock. Undefined when the lease was lost.
+ */
+export async function failAttempt(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  owner: string,
+  error: AttemptError,
+  backoffMs: number,
+  final = false,
+): Promise<FailOutcome | undefined> {
+  const [row] = await sql<FailOutcome[]>`
+    with upd as (
+      update runs
+         set status = case when ${final}::boolean or attempts >= max_attempts
+                           then 'failed' else 'queued' end,
+             run_after = case when ${final}::boolean or attempts >= max_attempts then run_after
+                              else now() + ${backoffMs}::float8 * interval '1 millisecond' end,
+             finished_at = case when ${final}::boolean or attempts >= max_attempts then now() end,
+             error = ${sql.json(toJson(error))}::jsonb,
+             lease_owner = null,
+             lease_expires_at = null,
+             updated_at = now(),
+             event_seq = event_seq + 1
+       where tenant_id = ${tenantId} and run_id = ${runId}
+         and lease_owner = ${owner} and status = 'running'
+      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
+                run_after, error
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq,
+             case status when 'failed' then 'run.failed' else 'run.retrying' end,
+             goal_id, dispatch_key,
+             case status
+               when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
+               else jsonb_build_object('attempt', attempts, 'error', error, 'retry_at', run_after)
+             end,
+             now()
+        from upd
+    )
+    select status, run_after as retry_at, attempts from upd`;
+  return row;
+}
+
+/**
+ * Gives back a run `owner` claimed but will not finish (graceful shutdown):
+ * `queued`, due now, with a `run.released` event `{attempt, worker, reason}`.
+ * The attempt is given back too (attempts - 1): the run did not fail, its
+ * worker went away on purpose, and a deploy must not use up a run's
+ * attempts. (A worker that dies without releasing does use one up: see
+ * `reclaimExpired`.) False when the lease was already lost.
+ */
+export async function releaseRun(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  owner: string,
+  reason: string,
+): Promise<boolean> {
+  const rows = await sql`
+    with upd as (
+      update runs
+         set status = 'queued',
+             attempts = greatest(attempts - 1, 0),
+             run_after = now(),
+             lease_owner = null,
+             lease_expires_at = null,
+             updated_at = now(),
+             event_seq = event_seq + 1
+       where tenant_id = ${tenantId} and run_id = ${runId}
+         and lease_owner = ${owner} and status = 'running'
+      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq, 'run.released', goal_id, dispatch_key,
+             jsonb_build_object('attempt', attempts + 1, 'worker', ${owner}::text,
+                                'reason', ${reason}::text),
+             now()
+        from upd
+    )
+    select 1 from upd`;
+  return rows.length > 0;
+}
+
+/**
+ * `NOTIFY poimen_runs`: wakes listening workers. Call it after the
+ * transaction that queued runs committed, not inside it, and coalesce calls
+ * (see `Waker` in core/waker.ts).
+ */
+export async function notifyQueued(sql: Sql): Promise<void> {
+  await sql`select pg_notify(${QUEUE_CHANNEL}, '')`;
+}
+
+/** The queue at a glance, for metrics. */
+export interface QueueStats {
+  /** Runs per status (every status present, zero when none). */
+  byStatus: Record<RunStatus, number>;
+  /** Seconds since the oldest due queued run became due; 0 when none is due. */
+  oldestQueuedAgeSeconds: number;
+}
+
+/**
+ * Counts runs by status and measures the age of the oldest due queued run.
+ * The age reads the queued partial index (cheap); the counts scan the
+ * status index, whose cost grows with the table: call it per scrape, not
+ * per run.
+ */
+export async function queueStats(sql: Sql): Promise<QueueStats> {
+  const rows = await sql<{ status: RunStatus | null; n: number; oldest: number | null }[]>`
+    select status, count(*)::int as n, null::float8 as oldest
+      from runs group by status
+    union all
+    select null, 0, extract(epoch from now() - min(run_after))::float8
+      from runs where status = 'queued' and run_after <= now()`;
+  const byStatus: Record<RunStatus, number> = {
+    queued: 0,
+    running: 0,
+    succeeded: 0,
+    failed: 0,
+    cancelled: 0,
+  };
+  let oldest = 0;
+  for (const r of rows) {
+    if (r.status !== null) byStatus[r.status] = r.n;
+    else oldest = Math.max(0, r.oldest ?? 0);
+  }
+  return { byStatus, oldestQueuedAgeSeconds: oldest };
+}

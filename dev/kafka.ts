@@ -1,0 +1,419 @@
+/**
+ * A real single-node Apache Kafka (KRaft, combined broker + controller) for
+ * local development and tests, assembled from Maven Central jars: no Docker.
+ *
+ *   deno task kafka start|stop|status
+ *
+ * Jars are copied once into `<KAFKA_DIR>/libs` (dev/kafka/pom.xml), storage
+ * is formatted on the first start only, so data survives stop/start. The JVM
+ * runs detached (own process group) and outlives this script; its pid is in
+ * `<KAFKA_DIR>/broker.pid`, its output in `<KAFKA_DIR>/broker.log`.
+ *
+ * Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_DIR
+ * (`.kafka`, relative to the project root), KAFKA_HEAP (512m).
+ */
+import { z } from "zod";
+import { port, readEnv } from "../core/config.ts";
+import { ConfigError } from "../core/errors.ts";
+import { delay, SECOND } from "../core/time.ts";
+import { createAdmin } from "../relay/kafka.ts";
+
+const ROOT = decodeURIComponent(new URL("..", import.meta.url).pathname).replace(/\/$/, "");
+const POM = `${ROOT}/dev/kafka/pom.xml`;
+const LOG4J = `${ROOT}/dev/kafka/log4j2.xml`;
+
+const START_DEADLINE = 90 * SECOND;
+const STOP_DEADLINE = 60 * SECOND;
+
+const kafkaDevEnv = z.object({
+  KAFKA_PORT: port(9092),
+  KAFKA_CONTROLLER_PORT: port(9093),
+  KAFKA_DIR: z.string().min(1).default(".kafka"),
+  KAFKA_HEAP: z.string().regex(/^\d+[mg]$/, "expected e.g. 512m").default("512m"),
+});
+
+/** Where and how the development broker runs. */
+export interface BrokerOptions {
+  port: number;
+  controllerPort: number;
+  /** Absolute directory holding libs/, data/, broker.log, broker.pid. */
+  dir: string;
+  heap: string;
+  /** Receives one human-readable line per step (default: discarded). */
+  report?: (line: string) => void;
+}
+
+/** Broker options from the environment (KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DIR, KAFKA_HEAP). */
+export function brokerOptionsFromEnv(
+  env: Record<string, string | undefined> = Deno.env.toObject(),
+): BrokerOptions {
+  const e = readEnv(kafkaDevEnv, env);
+  const dir = e.KAFKA_DIR.startsWith("/") ? e.KAFKA_DIR : `${ROOT}/${e.KAFKA_DIR}`;
+  return { port: e.KAFKA_PORT, controllerPort: e.KAFKA_CONTROLLER_PORT, dir, heap: e.KAFKA_HEAP };
+}
+
+/** The bootstrap address of the development broker. */
+export function brokerAddress(opts: BrokerOptions = brokerOptionsFromEnv()): string {
+  return `127.0.0.1:${opts.port}`;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.stat(path);
+    return true;
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) return false;
+    throw error;
+  }
+}
+
+async function readPid(dir: string): Promise<number | undefined> {
+  try {
+    const pid = Number((await Deno.readTextFile(`${dir}/broker.pid`)).trim());
+    return Number.isInteger(pid) && pid > 0 ? pid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+async function alive(pid: number): Promise<boolean> {
+  try {
+    Deno.kill(pid, 0);
+  } catch {
+    return false;
+  }
+  // The pid may have been recycled by another process, or be a zombie; ps
+  // tells (/proc/<pid> would need --allow-all under Deno 2).
+  try {
+    const out = await new Deno.Command("ps", { args: ["-o", "args=", "-p", String(pid)] }).output();
+    return new TextDecoder().decode(out.stdout).includes("kafka.Kafka");
+  } catch {
+    return true;
+  }
+}
+
+/** The pid of the running development broker, or undefined. */
+export async function brokerRunning(
+  opts: BrokerOptions = brokerOptionsFromEnv(),
+): Promise<number | undefined> {
+  const pid = await readPid(opts.dir);
+  return pid !== undefined && (await alive(pid)) ? pid : undefined;
+}
+
+async function run(cmd: string, args: string[], what: string): Promise<string> {
+  let out: Deno.CommandOutput;
+  try {
+    out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
+  } catch (error) {
+    if (error instanceof Deno.errors.NotFound) throw new Error(`${what}: '${cmd}' is not installed`);
+    throw error;
+  }
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  if (!out.success) {
+    const tail = text.trim().split("\n").slice(-20).join("\n");
+    throw new Error(`${what} failed (exit ${out.code})${tail ? `:\n${tail}` : ""}`);
+  }
+  return text;
+}
+
+async function sha256(text: string): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function ensureJars(opts: BrokerOptions, report: (line: string) => void): Promise<void> {
+  const libs = `${opts.dir}/libs`;
+  const marker = `${libs}/.pom-sha256`;
+  // The marker is written last, so its presence means a complete copy of this pom's classpath.
+  const want = await sha256(await Deno.readTextFile(POM));
+  const have = await Deno.readTextFile(marker).catch(() => "");
+  if (have.trim() === want) return;
+  report(`downloading Kafka jars from Maven Central into ${libs}`);
+  const started = performance.now();
+  await Deno.remove(libs, { recursive: true }).catch(() => {});
+  await run("mvn", [
+    "-q",
+    "-B",
+    "-f",
+    POM,
+    "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
+    "-DincludeScope=runtime",
+    `-DoutputDirectory=${libs}`,
+  ], "mvn copy-dependencies");
+  await Deno.writeTextFile(marker, want + "\n");
+  report(`jars ready in ${((performance.now() - started) / SECOND).toFixed(1)} s`);
+}
+
+function serverProperties(opts: BrokerOptions): string {
+  const listeners = `PLAINTEXT://127.0.0.1:${opts.port},CONTROLLER://127.0.0.1:${opts.controllerPort}`;
+  return [
+    "# Written by dev/kafka.ts on every start; edit that file, not this one.",
+    "process.roles=broker,controller",
+    "node.id=1",
+    `controller.quorum.bootstrap.servers=127.0.0.1:${opts.controllerPort}`,
+    `listeners=${listeners}`,
+    `advertised.listeners=PLAINTEXT://127.0.0.1:${opts.port}`,
+    "controller.listener.names=CONTROLLER",
+    "inter.broker.listener.name=PLAINTEXT",
+    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    `log.dirs=${opts.dir}/data`,
+    "num.partitions=1",
+    "default.replication.factor=1",
+    "min.insync.replicas=1",
+    "offsets.topic.replication.factor=1",
+    "offsets.topic.num.partitions=10",
+    "transaction.state.log.replication.factor=1",
+    "transaction.state.log.min.isr=1",
+    "share.coordinator.state.topic.replication.factor=1",
+    "share.coordinator.state.topic.min.isr=1",
+    // Single member groups in tests and dev: no reason to wait for more.
+    "group.initial.rebalance.delay.ms=0",
+    // Topics are declared by poimen with their partitions and retention.
+    "auto.create.topics.enable=false",
+    "",
+  ].join("\n");
+}
+
+function randomClusterId(): string {
+  // Kafka's Uuid.randomUuid: 16 random bytes, base64url without padding,
+  // never starting with '-' (it would read as a command-line option).
+  while (true) {
+    const bytes = crypto.getRandomValues(new Uint8Array(16));
+    const id = btoa(String.fromCharCode(...bytes)).replaceAll("+", "-").replaceAll("/", "_")
+      .replace(/=+$/, "");
+    if (!id.startsWith("-")) return id;
+  }
+}
+
+function javaArgs(opts: BrokerOptions, main: string, args: string[]): string[] {
+  return [
+    `-Xmx${opts.heap}`,
+    "-Xms256m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-Djava.awt.headless=true",
+    `-Dlog4j2.configurationFile=${LOG4J}`,
+    `-Dkafka.logs.dir=${opts.dir}`,
+    "-cp",
+    `${opts.dir}/libs/*`,
+    main,
+    ...args,
+  ];
+}
+
+interface FormatRecord {
+  port: number;
+  controllerPort: number;
+}
+
+async function ensureFormatted(opts: BrokerOptions, report: (line: string) => void) {
+  const data = `${opts.dir}/data`;
+  const record = `${opts.dir}/format.json`;
+  if (await exists(`${data}/meta.properties`)) {
+    // The controller's own endpoint is written into the quorum state at format time.
+    const formatted = JSON.parse(await Deno.readTextFile(record).catch(() => "null")) as
+      | FormatRecord
+      | null;
+    if (formatted && formatted.controllerPort !== opts.controllerPort) {
+      throw new Error(
+        `storage in ${data} was formatted for controller port ${formatted.controllerPort}, ` +
+          `not ${opts.controllerPort}: set KAFKA_CONTROLLER_PORT=${formatted.controllerPort} ` +
+          `or remove ${data}`,
+      );
+    }
+    return;
+  }
+  report(`formatting storage in ${data}`);
+  await Deno.mkdir(data, { recursive: true });
+  await run(
+    "java",
+    javaArgs(opts, "kafka.tools.StorageTool", [
+      "format",
+      "--standalone",
+      "--ignore-formatted",
+      "-t",
+      randomClusterId(),
+      "-c",
+      `${opts.dir}/server.properties`,
+    ]),
+    "kafka storage format",
+  );
+  const rec: FormatRecord = { port: opts.port, controllerPort: opts.controllerPort };
+  await Deno.writeTextFile(record, JSON.stringify(rec) + "\n");
+}
+
+/** True when a Kafka broker answers a metadata request on `address`. */
+export async function brokerAnswers(address: string, timeoutMs = 2 * SECOND): Promise<boolean> {
+  const admin = createAdmin({
+    brokers: [address],
+    clientId: "poimen-dev-kafka",
+    requestTimeoutMs: timeoutMs,
+    connectTimeoutMs: timeoutMs,
+    retries: 0,
+  });
+  try {
+    await admin.listTopics();
+    return true;
+  } catch {
+    return false;
+  } finally {
+    await admin.close().catch(() => {});
+  }
+}
+
+async function logTail(dir: string, lines = 40): Promise<string> {
+  const text = await Deno.readTextFile(`${dir}/broker.log`).catch(() => "");
+  return text.trimEnd().split("\n").slice(-lines).join("\n");
+}
+
+/** Result of `startBroker`. */
+export interface StartResult {
+  pid: number | undefined;
+  alreadyRunning: boolean;
+  /** Time from spawning the JVM until a client request succeeded, in ms (0 if already running). */
+  startMs: number;
+}
+
+/**
+ * Starts the development broker unless it runs; resolves once it answers
+ * client requests. Throws (with the log's tail in the message) when it does
+ * not within 90 s.
+ */
+export async function startBroker(
+  opts: BrokerOptions = brokerOptionsFromEnv(),
+): Promise<StartResult> {
+  const report = opts.report ?? (() => {});
+  const address = brokerAddress(opts);
+  const running = await brokerRunning(opts);
+  if (running !== undefined) {
+    report(`kafka already running (pid ${running}) on ${address}`);
+    return { pid: running, alreadyRunning: true, startMs: 0 };
+  }
+  if (await brokerAnswers(address)) {
+    // E.g. a broker from compose.yaml or CI: use it, it is not ours to manage.
+    report(`a kafka broker not started by this script already answers on ${address}`);
+    return { pid: undefined, alreadyRunning: true, startMs: 0 };
+  }
+
+  await Deno.mkdir(opts.dir, { recursive: true });
+  await ensureJars(opts, report);
+  await Deno.writeTextFile(`${opts.dir}/server.properties`, serverProperties(opts));
+  await ensureFormatted(opts, report);
+
+  report(`starting kafka on ${address} (controller 127.0.0.1:${opts.controllerPort})`);
+  const started = performance.now();
+  const log = `${opts.dir}/broker.log`;
+  const args = javaArgs(opts, "kafka.Kafka", [`${opts.dir}/server.properties`]);
+  // sh only redirects and then becomes the JVM (exec), so the pid is the JVM's;
+  // detached puts it in its own process group, away from our terminal's signals.
+  const child = new Deno.Command("sh", {
+    args: ["-c", 'exec "$0" "$@" >>"$KAFKA_BROKER_LOG" 2>&1 </dev/null', "java", ...args],
+    env: { KAFKA_BROKER_LOG: log },
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+    detached: true,
+  }).spawn();
+  child.unref();
+  const pid = child.pid;
+  await Deno.writeTextFile(`${opts.dir}/broker.pid`, `${pid}\n`);
+
+  let exited = false;
+  child.status.then(() => (exited = true)).catch(() => (exited = true));
+  const deadline = Date.now() + START_DEADLINE;
+  while (Date.now() < deadline) {
+    // Our own child: its exit status is authoritative (right after spawn,
+    // /proc may still show this process's command line, not the JVM's).
+    if (exited) {
+      await Deno.remove(`${opts.dir}/broker.pid`).catch(() => {});
+      throw new Error(`kafka exited during start-up; last lines of ${log}:\n${await logTail(opts.dir)}`);
+    }
+    if (await brokerAnswers(address, SECOND)) {
+      const startMs = Math.round(performance.now() - started);
+      report(`kafka ready on ${address} (pid ${pid}) after ${(startMs / SECOND).toFixed(1)} s`);
+      return { pid, alreadyRunning: false, startMs };
+    }
+    await delay(250);
+  }
+  throw new Error(
+    `kafka did not answer on ${address} within ${START_DEADLINE / SECOND} s; ` +
+      `last lines of ${log}:\n${await logTail(opts.dir)}`,
+  );
+}
+
+/**
+ * Stops the development broker (SIGTERM, then SIGKILL after 60 s) and waits
+ * until it exited. Resolves false when it was not running.
+ */
+export async function stopBroker(opts: BrokerOptions = brokerOptionsFromEnv()): Promise<boolean> {
+  const report = opts.report ?? (() => {});
+  const pid = await brokerRunning(opts);
+  if (pid === undefined) {
+    report("kafka is not running");
+    await Deno.remove(`${opts.dir}/broker.pid`).catch(() => {});
+    return false;
+  }
+  report(`stopping kafka (pid ${pid})`);
+  const started = performance.now();
+  try {
+    Deno.kill(pid, "SIGTERM");
+  } catch { /* already gone */ }
+  const deadline = Date.now() + STOP_DEADLINE;
+  while (await alive(pid)) {
+    if (Date.now() > deadline) {
+      report(`kafka did not stop within ${STOP_DEADLINE / SECOND} s, killing it`);
+      try {
+        Deno.kill(pid, "SIGKILL");
+      } catch { /* already gone */ }
+      while (await alive(pid)) await delay(100);
+      break;
+    }
+    await delay(100);
+  }
+  await Deno.remove(`${opts.dir}/broker.pid`).catch(() => {});
+  report(`kafka stopped after ${((performance.now() - started) / SECOND).toFixed(1)} s`);
+  return true;
+}
+
+async function main(command: string | undefined): Promise<number> {
+  const say = (line: string) => console.log(line);
+  let opts: BrokerOptions;
+  try {
+    opts = { ...brokerOptionsFromEnv(), report: say };
+  } catch (error) {
+    if (error instanceof ConfigError) {
+      console.error(error.message);
+      return 2;
+    }
+    throw error;
+  }
+  switch (command) {
+    case "start":
+      await startBroker(opts);
+      return 0;
+    case "stop":
+      await stopBroker(opts);
+      return 0;
+    case "status": {
+      const pid = await brokerRunning(opts);
+      if (pid !== undefined) {
+        say(`kafka running (pid ${pid}) on ${brokerAddress(opts)}`);
+        return 0;
+      }
+      say("kafka stopped");
+      return 3;
+    }
+    default:
+      console.error("usage: deno task kafka start|stop|status");
+      return 2;
+  }
+}
+
+if (import.meta.main) {
+  try {
+    Deno.exit(await main(Deno.args[0]));
+  } catch (error) {
+    console.error(`kafka: ${error instanceof Error ? error.message : String(error)}`);
+    Deno.exit(1);
+  }
+}

@@ -1,0 +1,45 @@
+/** The inbox relay's configuration, read once from the environment at start-up. */
+import { z } from "zod";
+import { kafkaEnv, logEnv, millis, port, positiveInt, readEnv } from "../core/config.ts";
+import { SECOND } from "../core/time.ts";
+
+/** The inbox relay's environment variables. */
+export const relayEnvSchema = z.object({
+  ...kafkaEnv,
+  ...logEnv,
+  /** Base URL of the poimen API every dispatch message is posted to. */
+  API_URL: z.string().url().default("http://127.0.0.1:8080"),
+  /** A service token (`deno task token --service relay`); no default: the relay is useless without it. */
+  RELAY_TOKEN: z.string().min(1, "a service token is required"),
+  RELAY_GROUP_ID: z.string().min(1).default("poimen-inbox-relay"),
+  /** How often the broker's topic list is re-read, so new tenants are picked up. */
+  RELAY_TOPIC_REFRESH_MS: z.coerce.number().int().min(100).default(5 * SECOND),
+  /** API calls in flight at once per partition (commits stay in offset order). */
+  RELAY_MAX_IN_FLIGHT: positiveInt(16),
+  /** Messages fetched but not yet done, over all partitions, before fetching waits. */
+  RELAY_MAX_PENDING: positiveInt(10_000),
+  /** Commits are batched: at most this long after a message is done… */
+  RELAY_COMMIT_INTERVAL_MS: z.coerce.number().int().min(10).default(200),
+  /** …or as soon as this many messages are done and not yet committed. */
+  RELAY_COMMIT_BATCH: positiveInt(1000),
+  RELAY_BACKOFF_BASE_MS: positiveInt(200),
+  RELAY_BACKOFF_CAP_MS: positiveInt(30 * SECOND),
+  /** Longest one API call may take before it counts as a (transient) timeout. */
+  RELAY_API_TIMEOUT_MS: positiveInt(30 * SECOND),
+  /** How often inbox lag is computed from the broker's end and committed offsets. */
+  RELAY_LAG_INTERVAL_MS: z.coerce.number().int().min(100).default(5 * SECOND),
+  /** How long a graceful stop waits for API calls in flight. */
+  RELAY_SHUTDOWN_MS: millis(10 * SECOND),
+  /** Group session timeout: how soon a crashed relay's partitions move to another member. */
+  RELAY_SESSION_TIMEOUT_MS: z.coerce.number().int().min(6 * SECOND).default(30 * SECOND),
+  /** `/metrics` and `/healthz`; 0 picks a free port (logged). */
+  RELAY_METRICS_PORT: port(9465),
+  RELAY_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
+});
+
+export type RelayConfig = z.infer<typeof relayEnvSchema>;
+
+/** Reads and validates the relay's environment; throws a one-line `ConfigError`. */
+export function readRelayConfig(env: Record<string, string | undefined>): RelayConfig {
+  return readEnv(relayEnvSchema, env);
+}

@@ -1,0 +1,449 @@
+/**
+ * The run queue and the worker, against a real Postgres (a database of this
+ * file's own). Runs are created by the admission kernel, as in production.
+ */
+import assert from "node:assert/strict";
+import { Admission } from "../admission/admit.ts";
+import { createLogger, silentLogger } from "../core/log.ts";
+import { insertTenant } from "../db/auth.ts";
+import type { Sql } from "../db/pool.ts";
+import { queueStats } from "../db/queue.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import type { WorkflowRegistry } from "../workflows/registry.ts";
+import { type AttemptOutcome, Worker, type WorkerOptions } from "../worker/worker.ts";
+import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
+
+const TENANT = "acme";
+const log = createLogger("worker_test", "info");
+
+interface Event {
+  seq: number;
+  type: string;
+  payload: Record<string, unknown>;
+  goal_id: string | null;
+  dispatch_key: string | null;
+}
+
+async function setup(
+  admissionRegistry: WorkflowRegistry = builtinRegistry(),
+): Promise<{ db: TestDatabase; admit: (ref: string, input: unknown) => Promise<string> }> {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const admission = new Admission(db.sql, admissionRegistry, { maxBatch: 64, maxConcurrent: 4 });
+  const admit = async (workflow_ref: string, input: unknown) => {
+    const { run } = await admission.admit({ workflow_ref, input }, {
+      tenantId: TENANT,
+      source: "test",
+      entry: "http",
+    });
+    return run.run_id;
+  };
+  return { db, admit };
+}
+
+function worker(sql: Sql, opts: Partial<WorkerOptions> = {}, registry = builtinRegistry()) {
+  return new Worker(sql, registry, {
+    id: `w-${crypto.randomUUID().slice(0, 8)}`,
+    concurrency: 4,
+    leaseMs: 30_000,
+    pollMs: 200,
+    retryBaseMs: 50,
+    shutdownMs: 2_000,
+    log: silentLogger,
+    ...opts,
+  });
+}
+
+async function runRow(sql: Sql, runId: string) {
+  const [row] = await sql<
+    {
+      status: string;
+      attempts: number;
+      result: unknown;
+      error: Record<string, unknown> | null;
+      event_seq: number;
+      lease_owner: string | null;
+    }[]
+  >`select status, attempts, result, error, event_seq, lease_owner from runs
+     where tenant_id = ${TENANT} and run_id = ${runId}`;
+  return row;
+}
+
+async function events(sql: Sql, runId: string): Promise<Event[]> {
+  return await sql<Event[]>`
+    select seq, type, payload, goal_id, dispatch_key from work_events
+     where tenant_id = ${TENANT} and run_id = ${runId} order by seq`;
+}
+
+/** First claim to last finish, as Postgres saw them: throughput without process start-up. */
+async function executionSpan(sql: Sql) {
+  const [{ n, span }] = await sql<{ n: number; span: number }[]>`
+    select count(*)::int as n,
+           extract(epoch from max(finished_at) - min(started_at))::float8 as span
+      from runs where status = 'succeeded'`;
+  return {
+    execution_seconds: Number(span.toFixed(3)),
+    execution_runs_per_second: Math.round(n / span),
+  };
+}
+
+/** A TCP port nothing listens on right now. */
+function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = l.addr as Deno.NetAddr;
+  l.close();
+  return port;
+}
+
+const statusIs = (sql: Sql, runId: string, status: string) => async () => {
+  const row = await runRow(sql, runId);
+  return row?.status === status ? row : undefined;
+};
+
+/** Spawns `deno task worker`'s exact command line against `url`. */
+function spawnWorker(url: string, env: Record<string, string> = {}): Deno.ChildProcess {
+  return new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-net", "--allow-env", "--allow-sys=hostname", "main.ts", "worker"],
+    cwd: new URL("..", import.meta.url).pathname,
+    env: { DATABASE_URL: url, LOG_LEVEL: "warn", WORKER_POLL_MS: "200", ...env },
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+}
+
+/** Waits for a spawned process to exit; returns its code and what it wrote on stderr. */
+async function exited(p: Deno.ChildProcess): Promise<{ code: number; stderr: string }> {
+  const [status, err] = await Promise.all([p.status, new Response(p.stderr).text()]);
+  return { code: status.code, stderr: err };
+}
+
+Deno.test("queue: a claimed run ends succeeded with its result and events admitted, started, succeeded", async () => {
+  const { db, admit } = await setup();
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const runId = await admit("echo", { hello: "world" });
+    const row = await waitFor("run succeeded", statusIs(db.sql, runId, "succeeded"), 10_000);
+    assert.deepEqual(row.result, { hello: "world" });
+    assert.equal(row.attempts, 1);
+    assert.equal(row.lease_owner, null);
+    assert.equal(row.event_seq, 3);
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => [e.seq, e.type]), [
+      [1, "run.admitted"],
+      [2, "run.started"],
+      [3, "run.succeeded"],
+    ]);
+    assert.deepEqual(evs[1].payload, { attempt: 1, worker: w.id });
+    assert.deepEqual(evs[2].payload, { attempt: 1, result: { hello: "world" } });
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: 200 runs with 3 workers each run exactly once", async () => {
+  const { db, admit } = await setup();
+  const workers = [0, 1, 2].map(() => worker(db.sql, { concurrency: 8 }));
+  try {
+    const ids = await Promise.all(Array.from({ length: 200 }, (_, i) => admit("echo", { i })));
+    const started = performance.now();
+    await Promise.all(workers.map((w) => w.start()));
+    await waitFor(
+      "all 200 succeeded",
+      async () => {
+        const [{ n }] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where status = 'succeeded'`;
+        return n === 200;
+      },
+      60_000,
+      20,
+    );
+    const seconds = (performance.now() - started) / 1000;
+    log.info("queue throughput, 3 in-process workers", {
+      runs: 200,
+      seconds: Number(seconds.toFixed(3)),
+      runs_per_second: Math.round(200 / seconds),
+      ...await executionSpan(db.sql),
+    });
+    const starts = await db.sql<{ run_id: string; n: number }[]>`
+      select run_id, count(*)::int as n from work_events
+       where type = 'run.started' group by run_id`;
+    assert.equal(starts.length, 200);
+    assert.ok(starts.every((s) => s.n === 1), "a run was started twice");
+    assert.deepEqual(new Set(starts.map((s) => s.run_id)), new Set(ids));
+    const [{ multi }] = await db.sql<{ multi: number }[]>`
+      select count(*)::int as multi from runs where attempts <> 1`;
+    assert.equal(multi, 0);
+    const owners = await db.sql<{ worker: string }[]>`
+      select distinct payload->>'worker' as worker from work_events where type = 'run.started'`;
+    assert.ok(owners.length >= 2, "the runs were not spread over the workers");
+  } finally {
+    await Promise.all(workers.map((w) => w.stop()));
+    await db.drop();
+  }
+});
+
+Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SIGTERM stops them cleanly", async () => {
+  const { db, admit } = await setup();
+  const procs: Deno.ChildProcess[] = [];
+  try {
+    await Promise.all(Array.from({ length: 200 }, (_, i) => admit("echo", { i })));
+    const metricsPort = freePort();
+    for (let i = 0; i < 3; i++) {
+      procs.push(spawnWorker(db.url, {
+        WORKER_ID: `proc-${i}`,
+        WORKER_CONCURRENCY: "8",
+        ...(i === 0 ? { WORKER_METRICS_PORT: String(metricsPort) } : {}),
+      }));
+    }
+    await waitFor(
+      "all 200 succeeded",
+      async () => {
+        const [{ n }] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where status = 'succeeded'`;
+        return n === 200;
+      },
+      60_000,
+      50,
+    );
+    const [{ dup }] = await db.sql<{ dup: number }[]>`
+      select count(*)::int as dup from (
+        select run_id from work_events where type = 'run.started'
+         group by run_id having count(*) <> 1) d`;
+    assert.equal(dup, 0);
+    log.info("queue throughput, 3 worker processes", { runs: 200, ...await executionSpan(db.sql) });
+    const metrics = await waitFor("metrics served", async () => {
+      const res = await fetch(`http://127.0.0.1:${metricsPort}/metrics`);
+      return res.ok ? await res.text() : (await res.body?.cancel(), undefined);
+    }, 10_000);
+    assert.match(metrics, /^poimen_runs\{status="succeeded"\} 200$/m);
+    assert.match(metrics, /^poimen_queue_oldest_due_age_seconds 0$/m);
+    assert.match(metrics, /^poimen_worker_claims_total \d+$/m);
+    for (const p of procs) p.kill("SIGTERM");
+    const results = await Promise.all(procs.map(exited));
+    for (const r of results) assert.equal(r.code, 0, r.stderr);
+  } finally {
+    for (const p of procs) {
+      try {
+        p.kill("SIGKILL");
+      } catch { /* already exited */ }
+    }
+    await Promise.all(procs.map((p) => p.status));
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a worker process killed with SIGKILL mid-run loses no run: another finishes it after the lease expires", async () => {
+  const { db, admit } = await setup();
+  const proc = spawnWorker(db.url, { WORKER_ID: "doomed", WORKER_LEASE_MS: "2000" });
+  const rescuer = worker(db.sql, { leaseMs: 2_000, pollMs: 100 });
+  try {
+    const runId = await admit("sleep", { ms: 1_500 });
+    await waitFor("the process claimed the run", async () => {
+      const row = await runRow(db.sql, runId);
+      return row.status === "running" && row.lease_owner === "doomed";
+    }, 20_000);
+    proc.kill("SIGKILL");
+    await proc.status;
+    await rescuer.start();
+    const row = await waitFor("run succeeded", statusIs(db.sql, runId, "succeeded"), 20_000);
+    assert.deepEqual(row.result, { slept_ms: 1_500 });
+    assert.equal(row.attempts, 2);
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), [
+      "run.admitted",
+      "run.started",
+      "run.retrying",
+      "run.started",
+      "run.succeeded",
+    ]);
+    assert.deepEqual(evs.map((e) => e.seq), [1, 2, 3, 4, 5]);
+    assert.equal(evs[1].payload.worker, "doomed");
+    assert.equal(evs[2].payload.reason, "lease expired");
+    assert.equal(evs[2].payload.worker, "doomed");
+    assert.equal(evs[3].payload.worker, rescuer.id);
+  } finally {
+    try {
+      proc.kill("SIGKILL");
+    } catch { /* already dead */ }
+    await proc.stderr.cancel();
+    await rescuer.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a failing run is retried with backoff, then failed after max_attempts, with an event per step", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { hooks: { onFinished: (o) => outcomes.push(o) } });
+  try {
+    await w.start();
+    const runId = await admit("fail", { times: 5, message: "boom" });
+    const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 20_000);
+    assert.equal(row.attempts, 3);
+    assert.equal(row.error?.message, "boom");
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), [
+      "run.admitted",
+      "run.started",
+      "run.retrying",
+      "run.started",
+      "run.retrying",
+      "run.started",
+      "run.failed",
+    ]);
+    assert.deepEqual(evs.map((e) => e.seq), [1, 2, 3, 4, 5, 6, 7]);
+    assert.deepEqual(evs.filter((e) => e.type === "run.started").map((e) => e.payload.attempt), [
+      1,
+      2,
+      3,
+    ]);
+    for (const e of evs.filter((e) => e.type === "run.retrying")) {
+      assert.equal((e.payload.error as { message: string }).message, "boom");
+      assert.ok(typeof e.payload.retry_at === "string");
+    }
+    assert.equal(evs[6].payload.attempt, 3);
+    assert.deepEqual(outcomes, ["retrying", "retrying", "failed"]);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a run that fails fewer times than max_attempts succeeds on a retry", async () => {
+  const { db, admit } = await setup();
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const runId = await admit("fail", { times: 1 });
+    const row = await waitFor("run succeeded", statusIs(db.sql, runId, "succeeded"), 20_000);
+    assert.equal(row.attempts, 2);
+    assert.equal(row.error, null);
+    assert.deepEqual(row.result, { failed_attempts: 1 });
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a run whose pinned workflow version this worker lacks fails with a clear error", async () => {
+  const newer = builtinRegistry().register({
+    name: "echo",
+    version: 2,
+    maxAttempts: 1,
+    input: builtinRegistry().resolve("echo@1")!.workflow.input,
+    handler: (input) => Promise.resolve(input),
+  });
+  const { db, admit } = await setup(newer);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const runId = await admit("echo@2", { x: 1 });
+    const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 10_000);
+    assert.equal(row.error?.code, "unknown-workflow");
+    assert.match(String(row.error?.message), /echo@2 is not registered/);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: stop twice is safe and a stopped worker claims nothing more", async () => {
+  const { db, admit } = await setup();
+  const w = worker(db.sql, { pollMs: 50 });
+  try {
+    await w.start();
+    const first = await admit("echo", 1);
+    await waitFor("first run succeeded", statusIs(db.sql, first, "succeeded"), 10_000);
+    await Promise.all([w.stop(), w.stop()]);
+    await w.stop();
+    const later = await admit("echo", 2);
+    // A live worker polling every 50 ms would have claimed it long before
+    // another worker, started now, finishes it: its claim proves the run
+    // was still there for the taking.
+    const other = worker(db.sql);
+    await other.start();
+    await waitFor("later run succeeded", statusIs(db.sql, later, "succeeded"), 10_000);
+    await other.stop();
+    const evs = await events(db.sql, later);
+    assert.equal(evs[1].payload.worker, other.id);
+    await assert.rejects(() => w.start());
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: graceful stop releases a run still running after the shutdown wait, and another worker finishes it", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { shutdownMs: 200, hooks: { onFinished: (o) => outcomes.push(o) } });
+  const other = worker(db.sql);
+  try {
+    await w.start();
+    const runId = await admit("sleep", { ms: 1_500 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    await w.stop();
+    assert.deepEqual(outcomes, ["released"]);
+    const row = await runRow(db.sql, runId);
+    assert.equal(row.status, "queued");
+    assert.equal(row.attempts, 0, "a released attempt is given back");
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), ["run.admitted", "run.started", "run.released"]);
+    assert.deepEqual(evs[2].payload, { attempt: 1, worker: w.id, reason: "worker shutdown" });
+    await other.start();
+    const done = await waitFor("run succeeded", statusIs(db.sql, runId, "succeeded"), 10_000);
+    assert.equal(done.attempts, 1);
+    assert.deepEqual((await events(db.sql, runId)).map((e) => e.type).slice(3), [
+      "run.started",
+      "run.succeeded",
+    ]);
+  } finally {
+    await w.stop();
+    await other.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a worker that loses its lease aborts the handler and writes nothing", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { leaseMs: 600, hooks: { onFinished: (o) => outcomes.push(o) } });
+  try {
+    await w.start();
+    const runId = await admit("sleep", { ms: 60_000 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    // Another worker took it over (as after a reclaim and a new claim).
+    await db
+      .sql`update runs set lease_owner = 'someone-else', lease_expires_at = now() + interval '1 hour'
+                  where tenant_id = ${TENANT} and run_id = ${runId}`;
+    await waitFor("the handler gave up", () => outcomes.includes("lost"), 10_000);
+    const row = await runRow(db.sql, runId);
+    assert.equal(row.status, "running");
+    assert.equal(row.lease_owner, "someone-else");
+    assert.equal(row.event_seq, 2);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: queueStats counts runs by status and ages the oldest due queued run", async () => {
+  const { db, admit } = await setup();
+  try {
+    const empty = await queueStats(db.sql);
+    assert.equal(empty.byStatus.queued, 0);
+    assert.equal(empty.oldestQueuedAgeSeconds, 0);
+    const a = await admit("echo", 1);
+    await admit("echo", 2);
+    await db.sql`update runs set run_after = now() - interval '30 seconds'
+                  where tenant_id = ${TENANT} and run_id = ${a}`;
+    const s = await queueStats(db.sql);
+    assert.equal(s.byStatus.queued, 2);
+    assert.equal(s.byStatus.succeeded, 0);
+    assert.ok(s.oldestQueuedAgeSeconds >= 30 && s.oldestQueuedAgeSeconds < 60);
+  } finally {
+    await db.drop();
+  }
+});

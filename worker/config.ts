@@ -1,0 +1,35 @@
+/** The worker's configuration, read once from the environment at start-up. */
+import { z } from "zod";
+import { databaseEnv, logEnv, millis, optionalPort, positiveInt, readEnv } from "../core/config.ts";
+import { SECOND } from "../core/time.ts";
+
+/** Default worker id: unique per process on a host, readable in `lease_owner`. */
+export function defaultWorkerId(): string {
+  return `${Deno.hostname()}-${Deno.pid}`;
+}
+
+/** The worker's environment variables. */
+export const workerEnvSchema = z.object({
+  ...databaseEnv,
+  ...logEnv,
+  /** Runs executed at once by this process. */
+  WORKER_CONCURRENCY: positiveInt(4),
+  /** How long a claim stays valid without a heartbeat. */
+  WORKER_LEASE_MS: z.coerce.number().int().min(100).default(30 * SECOND),
+  /** Polling interval: the fallback when no NOTIFY arrives (retries that fall due, lost wake-ups). */
+  WORKER_POLL_MS: z.coerce.number().int().min(10).default(SECOND),
+  /** Base of the exponential retry backoff. */
+  WORKER_RETRY_BASE_MS: millis(SECOND),
+  /** How long a graceful stop waits for runs in flight before aborting and releasing them. */
+  WORKER_SHUTDOWN_MS: millis(10 * SECOND),
+  WORKER_ID: z.string().min(1).max(200).optional(),
+  /** Unset: no metrics endpoint. */
+  WORKER_METRICS_PORT: optionalPort(),
+});
+
+export type WorkerEnv = z.infer<typeof workerEnvSchema>;
+
+/** Reads and validates the worker's environment; throws a one-line `ConfigError`. */
+export function readWorkerConfig(env: Record<string, string | undefined>): WorkerEnv {
+  return readEnv(workerEnvSchema, env);
+}

@@ -1,0 +1,95 @@
+/** The worker's Prometheus metrics, on a registry of its own (never prom-client's global one). */
+import client from "prom-client";
+import type { Logger } from "../core/log.ts";
+import type { QueueStats } from "../db/queue.ts";
+import { RUN_STATUSES } from "../db/runs.ts";
+import type { WorkerHooks } from "./worker.ts";
+
+export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;
+
+/**
+ * Creates the worker's metrics on `registry`. Queue-wide gauges are read at
+ * scrape time through `stats` (one query per scrape, shared by the gauges);
+ * `inFlight` reads this process's runs in flight.
+ */
+export function createWorkerMetrics(
+  registry: client.Registry,
+  stats: () => Promise<QueueStats>,
+  inFlight: () => number,
+  log: Logger,
+) {
+  const registers = [registry];
+  // The gauges are collected concurrently: the first asks, the others share its answer.
+  let pending: Promise<QueueStats | undefined> | undefined;
+  const fresh = () =>
+    pending ??= stats()
+      .catch((err) => {
+        log.warn("queue stats failed", { error: err });
+        return undefined;
+      })
+      .finally(() => setTimeout(() => pending = undefined, 0));
+
+  const claims = new client.Counter({
+    name: "poimen_worker_claims_total",
+    help: "Runs claimed by this worker",
+    registers,
+  });
+  const finished = new client.Counter({
+    name: "poimen_worker_attempts_finished_total",
+    help:
+      "Attempts finished by this worker, by outcome: succeeded, retrying, failed, released, lost",
+    labelNames: ["outcome"] as const,
+    registers,
+  });
+  const retries = new client.Counter({
+    name: "poimen_worker_retries_total",
+    help: "Failed attempts this worker scheduled for a retry",
+    registers,
+  });
+  const reclaimed = new client.Counter({
+    name: "poimen_worker_reclaimed_total",
+    help: "Runs whose lease expired, taken back by this worker, by resulting status",
+    labelNames: ["status"] as const,
+    registers,
+  });
+  new client.Gauge({
+    name: "poimen_worker_runs_in_flight",
+    help: "Runs this worker is executing",
+    registers,
+    collect() {
+      this.set(inFlight());
+    },
+  });
+  new client.Gauge({
+    name: "poimen_runs",
+    help: "Runs by status (all tenants)",
+    labelNames: ["status"] as const,
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (!s) return;
+      for (const status of RUN_STATUSES) this.set({ status }, s.byStatus[status]);
+    },
+  });
+  new client.Gauge({
+    name: "poimen_queue_oldest_due_age_seconds",
+    help: "Age of the oldest queued run that is due (0 when none): how far behind the workers are",
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (s) this.set(s.oldestQueuedAgeSeconds);
+    },
+  });
+
+  const hooks: WorkerHooks = {
+    onClaimed: (n) => claims.inc(n),
+    onFinished: (outcome) => {
+      finished.inc({ outcome });
+      if (outcome === "retrying") retries.inc();
+    },
+    onReclaimed: (runs) => {
+      for (const r of runs) reclaimed.inc({ status: r.status });
+    },
+  };
+  return { registry, hooks };
+}

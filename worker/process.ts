@@ -1,0 +1,90 @@
+/**
+ * `main.ts worker`: the executor process. Reads its configuration, opens the
+ * pool, runs a `Worker` (and, when WORKER_METRICS_PORT is set, a `/metrics`
+ * endpoint) until SIGTERM/SIGINT, then stops gracefully and closes the pool.
+ */
+import client from "prom-client";
+import { processEnv } from "../core/config.ts";
+import type { Service } from "../core/lifecycle.ts";
+import { once, runUntilSignal } from "../core/lifecycle.ts";
+import { createLogger, type Logger } from "../core/log.ts";
+import { createPool, type Sql } from "../db/pool.ts";
+import { queueStats } from "../db/queue.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { defaultWorkerId, readWorkerConfig } from "./config.ts";
+import { createWorkerMetrics } from "./metrics.ts";
+import { Worker } from "./worker.ts";
+
+/** Runs the worker until a signal; returns the exit code. */
+export async function main(_args: string[]): Promise<number> {
+  const cfg = readWorkerConfig(processEnv());
+  const id = cfg.WORKER_ID ?? defaultWorkerId();
+  const log = createLogger("worker", cfg.LOG_LEVEL);
+  const sql = createPool({
+    url: cfg.DATABASE_URL,
+    max: cfg.DATABASE_POOL_SIZE,
+    applicationName: `poimen-worker ${id}`.slice(0, 63),
+  });
+  const registry = new client.Registry();
+  const metrics = createWorkerMetrics(
+    registry,
+    () => queueStats(sql),
+    // Only called at scrape time, after `worker` exists.
+    () => worker.inFlight,
+    log,
+  );
+  const worker = new Worker(sql, builtinRegistry(), {
+    id,
+    concurrency: cfg.WORKER_CONCURRENCY,
+    leaseMs: cfg.WORKER_LEASE_MS,
+    pollMs: cfg.WORKER_POLL_MS,
+    retryBaseMs: cfg.WORKER_RETRY_BASE_MS,
+    shutdownMs: cfg.WORKER_SHUTDOWN_MS,
+    log,
+    hooks: metrics.hooks,
+    listener: () =>
+      createPool({
+        url: cfg.DATABASE_URL,
+        max: 1,
+        applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
+      }),
+  });
+  await runUntilSignal(workerProcess(worker, sql, registry, cfg.WORKER_METRICS_PORT, log), log);
+  return 0;
+}
+
+/** The worker, its metrics endpoint and its pool as one service: stopped in that order, pool last. */
+function workerProcess(
+  worker: Worker,
+  sql: Sql,
+  registry: client.Registry,
+  metricsPort: number | undefined,
+  log: Logger,
+): Service {
+  let server: Deno.HttpServer | undefined;
+  return {
+    async start() {
+      if (metricsPort !== undefined) server = serveMetrics(registry, metricsPort, log);
+      await worker.start();
+    },
+    stop: once(async () => {
+      await worker.stop();
+      await server?.shutdown();
+      await sql.end({ timeout: 5 });
+    }),
+  };
+}
+
+function serveMetrics(registry: client.Registry, port: number, log: Logger): Deno.HttpServer {
+  return Deno.serve({
+    port,
+    onListen: ({ hostname, port }) => log.info("metrics listening", { hostname, port }),
+  }, async (req) => {
+    if (new URL(req.url).pathname !== "/metrics") {
+      return new Response("not found\n", { status: 404 });
+    }
+    return new Response(await registry.metrics(), {
+      headers: { "content-type": registry.contentType },
+    });
+  });
+}

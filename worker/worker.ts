@@ -1,0 +1,570 @@
+/**
+ * The executor. A `Worker` claims due queued runs from Postgres (woken by
+ * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
+ * at once, keeps their leases alive with heartbeats, and finishes each one:
+ * `succeeded`, retried with backoff, or `failed` after its last attempt. A
+ * reclaimer returns runs whose lease expired (their worker died) to the
+ * queue, so a worker killed with SIGKILL loses no run: it is executed again
+ * elsewhere (execution is at-least-once; a handler with side effects must be
+ * idempotent per run id).
+ */
+import type { Logger } from "../core/log.ts";
+import { Waker } from "../core/waker.ts";
+import { once, type Service } from "../core/lifecycle.ts";
+import { backoffWithJitter, delay, MINUTE, SECOND } from "../core/time.ts";
+import { isUnavailable, type Sql } from "../db/pool.ts";
+import {
+  type AttemptError,
+  type ClaimedRun,
+  claimRuns,
+  completeRun,
+  failAttempt,
+  heartbeat,
+  notifyQueued,
+  QUEUE_CHANNEL,
+  type ReclaimedRun,
+  reclaimExpired,
+  releaseRun,
+} from "../db/queue.ts";
+import type { WorkflowRegistry } from "../workflows/registry.ts";
+
+/** How one claimed attempt ended, as far as this worker knows. */
+export type AttemptOutcome =
+  | "succeeded"
+  | "retrying"
+  | "failed"
+  /** Given back unfinished on shutdown. */
+  | "released"
+  /** The lease was lost (reclaimed elsewhere): nothing was written. */
+  | "lost";
+
+/** Callbacks for metrics; none may throw. */
+export interface WorkerHooks {
+  onClaimed?(count: number): void;
+  onFinished?(outcome: AttemptOutcome): void;
+  onReclaimed?(runs: ReclaimedRun[]): void;
+}
+
+export interface WorkerOptions {
+  /** Written as `lease_owner`: unique per process. */
+  id: string;
+  concurrency: number;
+  leaseMs: number;
+  pollMs: number;
+  retryBaseMs: number;
+  /** Ceiling of one retry's backoff; 5 minutes by default. */
+  retryCapMs?: number;
+  shutdownMs: number;
+  /** How often expired leases are looked for; by default from the lease and poll interval. */
+  reclaimMs?: number;
+  log: Logger;
+  hooks?: WorkerHooks;
+  /**
+   * Opens a pool used only for LISTEN. postgres.js remembers a failed first
+   * LISTEN forever, so with this the worker retries with a fresh pool; without
+   * it, it listens on the main pool once and, if that fails, only polls.
+   */
+  listener?: () => Sql;
+}
+
+// Runs one reclaim statement takes at most; more are taken by looping.
+const RECLAIM_BATCH = 100;
+// Database errors in the loops back off from this to ten seconds.
+const DB_RETRY_BASE_MS = 100;
+const DB_RETRY_CAP_MS = 10 * SECOND;
+
+interface InFlight {
+  run: ClaimedRun;
+  /** Aborted (the handler's signal) on lease loss or shutdown. */
+  abort: AbortController;
+  /** Aborted when this worker stops caring about the run: stops its heartbeat. */
+  done: AbortController;
+  /** Set on shutdown timeout: the release writes the run back, the attempt writes nothing. */
+  abandoned: boolean;
+  lost: boolean;
+  /** The handler returned or threw; only the finishing write is left. */
+  settled: boolean;
+  finished: Promise<void>;
+}
+
+type AttemptResult =
+  | { ok: true; result: unknown }
+  | { ok: false; error: AttemptError; final: boolean };
+
+/** Claims and executes runs; see the module comment. */
+export class Worker implements Service {
+  readonly #sql: Sql;
+  readonly #registry: WorkflowRegistry;
+  readonly #opts:
+    & Required<Omit<WorkerOptions, "hooks" | "listener">>
+    & Pick<WorkerOptions, "listener">
+    & { hooks: WorkerHooks };
+  readonly #log: Logger;
+  readonly #inFlight = new Map<string, InFlight>();
+  readonly #stopping = new AbortController();
+  readonly #loops: Promise<void>[] = [];
+  readonly #notify: () => void;
+  readonly #timers = new Set<ReturnType<typeof setTimeout>>();
+  #started = false;
+  #woken = false;
+  #wakeup: AbortController | undefined;
+  #unlisten: (() => Promise<void>) | undefined;
+
+  constructor(sql: Sql, registry: WorkflowRegistry, opts: WorkerOptions) {
+    this.#sql = sql;
+    this.#registry = registry;
+    this.#opts = {
+      retryCapMs: 5 * MINUTE,
+      // Half a lease bounds how long a dead worker's run waits beyond its
+      // lease; every worker reclaims, so the fleet looks more often still.
+      reclaimMs: Math.max(opts.pollMs, Math.min(opts.leaseMs / 2, 5 * SECOND)),
+      hooks: {},
+      ...opts,
+    };
+    this.#log = opts.log.with({ worker: opts.id });
+    const waker = new Waker(
+      () => notifyQueued(sql),
+      (err) => this.#log.warn("notify failed", { error: err }),
+    );
+    this.#notify = () => waker.poke();
+  }
+
+  /** This worker's lease owner id. */
+  get id(): string {
+    return this.#opts.id;
+  }
+
+  /** Runs being executed (or finishing) right now. */
+  get inFlight(): number {
+    return this.#inFlight.size;
+  }
+
+  /** Subscribes to wake-ups and starts claiming and reclaiming. */
+  async start(): Promise<void> {
+    if (this.#started) throw new Error("worker already started");
+    if (this.#stopping.signal.aborted) throw new Error("worker stopped");
+    this.#started = true;
+    // Waiting for the first LISTEN means a NOTIFY sent after start() returns
+    // is not missed; if Postgres is down, polling carries on meanwhile.
+    if (!await this.#listen()) this.#loops.push(this.#listenLoop());
+    this.#loops.push(this.#claimLoop(), this.#reclaimLoop());
+    this.#log.info("worker started", {
+      concurrency: this.#opts.concurrency,
+      lease_ms: this.#opts.leaseMs,
+      poll_ms: this.#opts.pollMs,
+    });
+  }
+
+  /**
+   * Stops claiming, waits up to `shutdownMs` for runs in flight, then aborts
+   * and releases the rest. Safe to call twice; does not close the pool.
+   */
+  stop(): Promise<void> {
+    return this.#stop();
+  }
+
+  readonly #stop = once(async () => {
+    this.#stopping.abort();
+    this.#wakeup?.abort();
+    for (const t of this.#timers) clearTimeout(t);
+    this.#timers.clear();
+    await Promise.all(this.#loops);
+    try {
+      await this.#unlisten?.();
+    } catch (err) {
+      this.#log.warn("unlisten failed", { error: err });
+    }
+    if (this.#inFlight.size > 0) {
+      this.#log.info("waiting for runs in flight", { runs: this.#inFlight.size });
+      const all = Promise.all([...this.#inFlight.values()].map((f) => f.finished));
+      const timeout = new AbortController();
+      await Promise.race([all, delay(this.#opts.shutdownMs, timeout.signal)]);
+      timeout.abort();
+    }
+    await this.#releaseUnfinished();
+  });
+
+  // ---- claiming ----
+
+  async #claimLoop(): Promise<void> {
+    const { concurrency, id, leaseMs, pollMs } = this.#opts;
+    let failures = 0;
+    while (!this.#stopping.signal.aborted) {
+      const free = concurrency - this.#inFlight.size;
+      if (free > 0) {
+        // Reset before the claim: a wake-up arriving while it runs is kept
+        // and makes the next wait return at once.
+        this.#woken = false;
+        const claimedAt = Date.now();
+        let claimed: ClaimedRun[];
+        try {
+          claimed = await claimRuns(this.#sql, id, free, leaseMs);
+          failures = 0;
+        } catch (err) {
+          failures++;
+          this.#log.warn("claim failed", { error: err, failures });
+          await delay(
+            backoffWithJitter(failures, DB_RETRY_BASE_MS, DB_RETRY_CAP_MS),
+            this.#stopping.signal,
+          );
+          continue;
+        }
+        if (claimed.length > 0) this.#opts.hooks.onClaimed?.(claimed.length);
+        for (const run of claimed) this.#execute(run, claimedAt);
+        // A full batch suggests more are due: claim again without waiting.
+        if (claimed.length === free) continue;
+      }
+      await this.#sleep(pollMs);
+    }
+  }
+
+  /** Waits `ms`, or less if woken (NOTIFY, a free slot, a retry falling due) or stopping. */
+  async #sleep(ms: number): Promise<void> {
+    if (this.#woken) {
+      this.#woken = false;
+      return;
+    }
+    this.#wakeup = new AbortController();
+    await delay(ms, AbortSignal.any([this.#wakeup.signal, this.#stopping.signal]));
+    this.#wakeup = undefined;
+    this.#woken = false;
+  }
+
+  #wake(): void {
+    this.#woken = true;
+    this.#wakeup?.abort();
+  }
+
+  /** Wakes this worker at `at` (a retry it scheduled), so it need not wait for a poll. */
+  #wakeAt(at: Date): void {
+    if (this.#stopping.signal.aborted) return;
+    const ms = Math.max(0, at.getTime() - Date.now());
+    if (ms > this.#opts.pollMs * 10) return; // polling will find it soon enough
+    const t = setTimeout(() => {
+      this.#timers.delete(t);
+      this.#wake();
+    }, ms);
+    this.#timers.add(t);
+  }
+
+  async #listen(): Promise<boolean> {
+    const own = this.#opts.listener?.();
+    const sql = own ?? this.#sql;
+    try {
+      // onlisten also fires after postgres.js re-connects the listener:
+      // NOTIFYs sent while it was down are lost, so claim once then.
+      const sub = await sql.listen(QUEUE_CHANNEL, () => this.#wake(), () => this.#wake());
+      this.#unlisten = own
+        ? async () => {
+          await sub.unlisten();
+          await own.end({ timeout: 1 });
+        }
+        : () => sub.unlisten();
+      return true;
+    } catch (err) {
+      await own?.end({ timeout: 0 }).catch(() => {});
+      this.#log.warn(
+        own ? "listen failed; polling until it succeeds" : "listen failed; polling only",
+        { error: err },
+      );
+      return false;
+    }
+  }
+
+  async #listenLoop(): Promise<void> {
+    if (!this.#opts.listener) return;
+    for (let n = 1; !this.#stopping.signal.aborted; n++) {
+      await delay(backoffWithJitter(n, SECOND, 30 * SECOND), this.#stopping.signal);
+      if (this.#stopping.signal.aborted) return;
+      if (await this.#listen()) {
+        if (this.#stopping.signal.aborted) await this.#unlisten?.();
+        return;
+      }
+    }
+  }
+
+  // ---- reclaiming ----
+
+  async #reclaimLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.#stopping.signal.aborted) {
+      // Jitter keeps a fleet started together from reclaiming in lockstep.
+      const wait = this.#opts.reclaimMs * (0.75 + Math.random() / 2);
+      await delay(
+        failures ? backoffWithJitter(failures, wait, DB_RETRY_CAP_MS) : wait,
+        this.#stopping.signal,
+      );
+      if (this.#stopping.signal.aborted) return;
+      try {
+        const all: ReclaimedRun[] = [];
+        for (;;) {
+          const batch = await reclaimExpired(this.#sql, RECLAIM_BATCH);
+          all.push(...batch);
+          if (batch.length < RECLAIM_BATCH) break;
+        }
+        failures = 0;
+        if (all.length === 0) continue;
+        for (const r of all) {
+          this.#log.warn("lease expired", {
+            tenant: r.tenant_id,
+            run_id: r.run_id,
+            attempt: r.attempts,
+            previous_worker: r.previous_owner,
+            status: r.status,
+          });
+        }
+        this.#opts.hooks.onReclaimed?.(all);
+        if (all.some((r) => r.status === "queued")) {
+          this.#wake();
+          this.#notify();
+        }
+      } catch (err) {
+        failures++;
+        this.#log.warn("reclaim failed", { error: err, failures });
+      }
+    }
+  }
+
+  // ---- executing ----
+
+  #execute(run: ClaimedRun, claimedAt: number): void {
+    const key = `${run.tenant_id}/${run.run_id}`;
+    const entry: InFlight = {
+      run,
+      abort: new AbortController(),
+      done: new AbortController(),
+      abandoned: false,
+      lost: false,
+      settled: false,
+      finished: Promise.resolve(),
+    };
+    this.#inFlight.set(key, entry);
+    entry.finished = this.#runOne(entry, claimedAt)
+      .catch((err) => {
+        this.#log.error("run bookkeeping failed", {
+          tenant: run.tenant_id,
+          run_id: run.run_id,
+          error: err,
+        });
+      })
+      .finally(() => {
+        entry.done.abort();
+        this.#inFlight.delete(key);
+        this.#wake();
+      });
+  }
+
+  async #runOne(entry: InFlight, claimedAt: number): Promise<void> {
+    const { run } = entry;
+    const { id, leaseMs } = this.#opts;
+    const log = this.#log.with({
+      tenant: run.tenant_id,
+      run_id: run.run_id,
+      attempt: run.attempts,
+    });
+    // Measured from before the claim was sent: never later than the
+    // database's own expiry, so this worker gives up no later than it must.
+    const lease = { until: claimedAt + leaseMs };
+    const beat = this.#heartbeatLoop(entry, lease, log);
+    try {
+      log.debug("run started", { workflow: `${run.workflow_name}@${run.workflow_version}` });
+      const outcome = await this.#attempt(entry, log);
+      entry.settled = true;
+      if (entry.abandoned) return; // stop() releases it
+      if (entry.lost) {
+        log.warn("lease lost; result discarded", { ok: outcome.ok });
+        this.#opts.hooks.onFinished?.("lost");
+        return;
+      }
+      if (outcome.ok) {
+        try {
+          // Checked here, where it can fail the run, not in the write.
+          JSON.stringify(outcome.result ?? null);
+        } catch (err) {
+          const error = { message: `result is not JSON: ${errorMessage(err)}`, code: "bad-result" };
+          return await this.#fail(entry, lease, error, true, log);
+        }
+        const ok = await this.#write(
+          lease,
+          () => completeRun(this.#sql, run.tenant_id, run.run_id, id, outcome.result),
+        );
+        this.#opts.hooks.onFinished?.(ok ? "succeeded" : "lost");
+        if (ok) log.debug("run succeeded");
+        else log.warn("lease lost before completion; result discarded");
+      } else {
+        await this.#fail(entry, lease, outcome.error, outcome.final, log);
+      }
+    } finally {
+      entry.done.abort();
+      await beat;
+    }
+  }
+
+  async #fail(
+    entry: InFlight,
+    lease: { until: number },
+    error: AttemptError,
+    final: boolean,
+    log: Logger,
+  ): Promise<void> {
+    const { run } = entry;
+    const { id, retryBaseMs, retryCapMs } = this.#opts;
+    // attempts - 1: the first retry waits at most the base.
+    const backoff = backoffWithJitter(run.attempts - 1, retryBaseMs, retryCapMs);
+    const res = await this.#write(
+      lease,
+      () => failAttempt(this.#sql, run.tenant_id, run.run_id, id, error, backoff, final),
+    );
+    if (!res) {
+      log.warn("lease lost before the failure was recorded", { error: error.message });
+      this.#opts.hooks.onFinished?.("lost");
+    } else if (res.status === "queued") {
+      log.info("attempt failed; retrying", { error: error.message, retry_at: res.retry_at });
+      this.#opts.hooks.onFinished?.("retrying");
+      this.#wakeAt(res.retry_at);
+    } else {
+      log.warn("run failed", { error: error.message, code: error.code, attempts: res.attempts });
+      this.#opts.hooks.onFinished?.("failed");
+    }
+  }
+
+  /** Resolves the pinned version, validates the input again, runs the handler. */
+  async #attempt(entry: InFlight, log: Logger): Promise<AttemptResult> {
+    const { run } = entry;
+    const ref = `${run.workflow_name}@${run.workflow_version}`;
+    const wf = this.#registry.resolve(ref);
+    if (!wf) {
+      // Not final: in a rolling deploy another worker may know this version.
+      return {
+        ok: false,
+        final: false,
+        error: {
+          code: "unknown-workflow",
+          message: `workflow ${ref} is not registered in worker ${this.#opts.id} (known: ${
+            this.#registry.list().join(", ")
+          })`,
+        },
+      };
+    }
+    const parsed = wf.workflow.input.safeParse(run.input);
+    if (!parsed.success) {
+      // Final: the stored input will never validate against this version.
+      return {
+        ok: false,
+        final: true,
+        error: {
+          code: "validation",
+          message: `input does not match ${ref}`,
+          issues: parsed.error.issues.map((i) => ({
+            path: i.path.map(String).join("."),
+            message: i.message,
+          })),
+        },
+      };
+    }
+    try {
+      const result = await wf.workflow.handler(parsed.data, {
+        tenantId: run.tenant_id,
+        runId: run.run_id,
+        attempt: run.attempts,
+        signal: entry.abort.signal,
+        log,
+      });
+      return { ok: true, result };
+    } catch (err) {
+      return {
+        ok: false,
+        final: false,
+        error: { message: errorMessage(err), name: err instanceof Error ? err.name : undefined },
+      };
+    }
+  }
+
+  /** Extends the lease every third of it until the run is done; aborts the handler when lost. */
+  async #heartbeatLoop(entry: InFlight, lease: { until: number }, log: Logger): Promise<void> {
+    const { run } = entry;
+    const { id, leaseMs } = this.#opts;
+    const every = leaseMs / 3;
+    const stop = entry.done.signal;
+    while (!stop.aborted) {
+      // After a failed beat, try again sooner, but not in a tight loop.
+      await delay(Math.max(0, Math.min(every, lease.until - Date.now() - every)), stop);
+      if (stop.aborted) return;
+      const sentAt = Date.now();
+      try {
+        const held = await heartbeat(this.#sql, run.tenant_id, run.run_id, id, leaseMs);
+        if (stop.aborted) return;
+        if (!held) return this.#loseLease(entry, log, "lease lost");
+        lease.until = sentAt + leaseMs;
+      } catch (err) {
+        log.warn("heartbeat failed", { error: err });
+        if (Date.now() >= lease.until) return this.#loseLease(entry, log, "lease expired");
+        await delay(Math.min(every, 250), stop);
+      }
+    }
+  }
+
+  #loseLease(entry: InFlight, log: Logger, why: string): void {
+    entry.lost = true;
+    log.warn(`${why}; aborting the run`);
+    entry.abort.abort(new Error(why));
+  }
+
+  /**
+   * Runs a finishing write, retrying while Postgres is unavailable and the
+   * lease lasts; after that the run is someone else's (the reclaimer's).
+   */
+  async #write<T>(lease: { until: number }, fn: () => Promise<T>): Promise<T | undefined> {
+    for (let n = 1;; n++) {
+      try {
+        return await fn();
+      } catch (err) {
+        if (!isUnavailable(err) || Date.now() >= lease.until) throw err;
+        this.#log.warn("finishing write failed; retrying", { error: err });
+        await delay(backoffWithJitter(n, DB_RETRY_BASE_MS, SECOND));
+      }
+    }
+  }
+
+  /** After the shutdown wait: aborts the handlers still running and gives their runs back. */
+  async #releaseUnfinished(): Promise<void> {
+    const stuck = [...this.#inFlight.values()].filter((f) => !f.settled);
+    const writing = [...this.#inFlight.values()].filter((f) => f.settled).map((f) => f.finished);
+    let released = 0;
+    await Promise.all(stuck.map(async (f) => {
+      f.abandoned = true;
+      f.done.abort();
+      f.abort.abort(new Error("worker shutting down"));
+      const { run } = f;
+      try {
+        const ok = await releaseRun(
+          this.#sql,
+          run.tenant_id,
+          run.run_id,
+          this.#opts.id,
+          "worker shutdown",
+        );
+        if (ok) released++;
+        this.#opts.hooks.onFinished?.(ok ? "released" : "lost");
+        this.#log.info(ok ? "run released" : "run already lost", {
+          tenant: run.tenant_id,
+          run_id: run.run_id,
+          attempt: run.attempts,
+        });
+      } catch (err) {
+        // Its lease will expire and the reclaimer of another worker takes it.
+        this.#log.warn("release failed", { tenant: run.tenant_id, run_id: run.run_id, error: err });
+      }
+    }));
+    // Runs whose handler finished are only writing their outcome: let them.
+    await Promise.all(writing);
+    // Released runs are due now: wake the workers still running.
+    if (released > 0) {
+      await notifyQueued(this.#sql).catch((err) => this.#log.warn("notify failed", { error: err }));
+    }
+  }
+}
+
+function errorMessage(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
