@@ -18,7 +18,6 @@ const COMMANDS: Record<string, () => Promise<{ main: Command }>> = {
   topics: () => import("./cli/topics.ts"),
   dispatch: () => import("./cli/dispatch.ts"),
   dlq: () => import("./cli/dlq.ts"),
-  up: () => import("./cli/up.ts"),
 };
 
 async function run(argv: string[]): Promise<number> {

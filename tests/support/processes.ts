@@ -4,16 +4,14 @@
  * kept for failure reports, stopped with SIGTERM.
  */
 import { waitFor } from "./db.ts";
+import { taskArgs } from "../../dev/tasks.ts";
 
 const ROOT = new URL("../../", import.meta.url);
 
-/** The permission flags of each process, as in deno.json's tasks. */
-export const PERMISSIONS: Record<string, string[]> = {
-  api: ["--allow-net", "--allow-env"],
-  relay: ["--allow-net", "--allow-env"],
-  worker: ["--allow-net", "--allow-env", "--allow-sys=hostname"],
-  outbox: ["--allow-net", "--allow-env", "--allow-sys=hostname"],
-};
+/** The permission flags of process `command`, as its deno.json task declares them. */
+export function permissions(command: string): string[] {
+  return taskArgs(command).filter((a) => a.startsWith("--allow-") || a.startsWith("--deny-"));
+}
 
 /** A free TCP port on 127.0.0.1 (asked of the OS, then released). */
 export function freePort(): number {
@@ -33,7 +31,7 @@ export class PoimenProcess {
   constructor(command: string, env: Record<string, string>, extraArgs: string[] = []) {
     this.command = command;
     this.#child = new Deno.Command(Deno.execPath(), {
-      args: ["run", ...(PERMISSIONS[command] ?? ["-A"]), "main.ts", command, ...extraArgs],
+      args: ["run", ...permissions(command), "main.ts", command, ...extraArgs],
       cwd: ROOT,
       env: { NO_COLOR: "1", ...env },
       stdin: "null",

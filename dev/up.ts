@@ -1,0 +1,208 @@
+/**
+ * `deno task up`: the whole system on one machine, for development.
+ * Brings up what is not already running (Postgres when it is the local
+ * server, the local Kafka broker when KAFKA_BROKERS is the default and no
+ * broker answers), migrates, creates a `dev` tenant with a token and its
+ * topics, starts api, relay, worker and outbox as child processes with
+ * prefixed logs, prints where everything is, and stops them all on Ctrl-C
+ * or SIGTERM.
+ */
+import { z } from "zod";
+import {
+  brokerList,
+  DEFAULT_DATABASE_URL,
+  DEFAULT_KAFKA_BROKERS,
+  kafkaEnv,
+  processEnv,
+  readEnv,
+} from "../core/config.ts";
+import { ConfigError } from "../core/errors.ts";
+import { delay, SECOND } from "../core/time.ts";
+import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
+import { brokerAnswers, startBroker, stopBroker } from "./kafka.ts";
+
+const UpEnv = z.object({
+  DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
+  ...kafkaEnv,
+  PORT: z.coerce.number().int().min(1).max(65535).default(8080),
+  RELAY_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9465),
+  WORKER_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9466),
+  OUTBOX_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9467),
+  DEV_TENANT: z.string().regex(/^[a-z0-9_-]{1,63}$/).default("dev"),
+});
+
+const PROCESSES = ["api", "worker", "outbox", "relay"] as const;
+
+function say(line: string) {
+  console.log(`[up] ${line}`);
+}
+
+async function run(args: string[], env: Record<string, string> = {}): Promise<string> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args,
+    cwd: PROJECT_ROOT,
+    env,
+    stdin: "null",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout).trim();
+  if (!out.success) {
+    throw new Error(`${args.join(" ")} failed:\n${new TextDecoder().decode(out.stderr).trim()}`);
+  }
+  return text;
+}
+
+async function postgresAnswers(url: string): Promise<boolean> {
+  const u = new URL(url);
+  try {
+    const conn = await Deno.connect({ hostname: u.hostname, port: Number(u.port || 5432) });
+    conn.close();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function ensurePostgres(url: string) {
+  if (await postgresAnswers(url)) return say(`postgres answers at ${new URL(url).host}`);
+  if (url !== DEFAULT_DATABASE_URL) {
+    throw new Error(`postgres at ${new URL(url).host} (DATABASE_URL) does not answer`);
+  }
+  say("starting the local postgres");
+  const versions = [...Deno.readDirSync("/etc/postgresql")].map((e) => e.name).sort();
+  const out = await new Deno.Command("pg_ctlcluster", {
+    args: ["--skip-systemctl-redirect", versions[versions.length - 1], "main", "start"],
+  }).output();
+  if (!out.success) throw new Error(new TextDecoder().decode(out.stderr).trim());
+  const deadline = Date.now() + 30 * SECOND;
+  while (!(await postgresAnswers(url))) {
+    if (Date.now() > deadline) throw new Error("postgres did not start within 30 s");
+    await delay(200);
+  }
+}
+
+/** Streams a child's output line by line, prefixed with its name. */
+async function prefix(
+  name: string,
+  stream: ReadableStream<Uint8Array>,
+  write: (s: string) => void,
+) {
+  let rest = "";
+  const tag = `[${name}]`.padEnd(9);
+  for await (const chunk of stream.pipeThrough(new TextDecoderStream())) {
+    const lines = (rest + chunk).split("\n");
+    rest = lines.pop() ?? "";
+    for (const l of lines) write(`${tag}${l}\n`);
+  }
+  if (rest) write(`${tag}${rest}\n`);
+}
+
+export async function up(): Promise<number> {
+  const config = readEnv(UpEnv, processEnv());
+  const enc = new TextEncoder();
+  const out = (s: string) => Deno.stdout.writeSync(enc.encode(s));
+
+  await ensurePostgres(config.DATABASE_URL);
+
+  let startedBroker = false;
+  const brokers = brokerList(config.KAFKA_BROKERS);
+  if (await brokerAnswers(brokers[0])) {
+    say(`kafka answers at ${config.KAFKA_BROKERS}`);
+  } else if (config.KAFKA_BROKERS === DEFAULT_KAFKA_BROKERS) {
+    say("starting the local kafka broker (first start downloads its jars from Maven Central)");
+    const r = await startBroker();
+    startedBroker = !r.alreadyRunning;
+    say(`kafka up in ${(r.startMs / 1000).toFixed(1)} s at ${config.KAFKA_BROKERS}`);
+  } else {
+    throw new Error(`kafka at ${config.KAFKA_BROKERS} (KAFKA_BROKERS) does not answer`);
+  }
+
+  const env = { DATABASE_URL: config.DATABASE_URL, KAFKA_BROKERS: config.KAFKA_BROKERS };
+  await run(taskArgs("migrate"), env);
+  say("database migrated");
+  const token = await run(taskArgs("token").concat(config.DEV_TENANT), env);
+  const relayToken = await run(taskArgs("token").concat("--service", "relay"), env);
+  await run(taskArgs("topics").concat(config.DEV_TENANT), env);
+  say(`tenant ${config.DEV_TENANT}: token created, topics declared`);
+
+  const apiUrl = `http://127.0.0.1:${config.PORT}`;
+  const childEnv: Record<string, Record<string, string>> = {
+    api: { ...env, PORT: String(config.PORT) },
+    worker: { ...env, WORKER_METRICS_PORT: String(config.WORKER_METRICS_PORT) },
+    outbox: { ...env, OUTBOX_METRICS_PORT: String(config.OUTBOX_METRICS_PORT) },
+    relay: {
+      ...env,
+      API_URL: apiUrl,
+      RELAY_TOKEN: relayToken,
+      RELAY_METRICS_PORT: String(config.RELAY_METRICS_PORT),
+    },
+  };
+  const children = PROCESSES.map((name) => {
+    const child = new Deno.Command(Deno.execPath(), {
+      args: taskArgs(name),
+      cwd: PROJECT_ROOT,
+      env: childEnv[name],
+      stdin: "null",
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    prefix(name, child.stdout, out);
+    prefix(name, child.stderr, out);
+    return { name, child };
+  });
+
+  const ready = Date.now() + 30 * SECOND;
+  while (!(await fetch(`${apiUrl}/readyz`).then((r) => r.ok, () => false))) {
+    if (Date.now() > ready) throw new Error(`the api did not become ready at ${apiUrl}`);
+    await delay(200);
+  }
+
+  say("poimen is up:");
+  out(`
+  API           ${apiUrl}            (OpenAPI: ${apiUrl}/openapi.json, metrics: ${apiUrl}/metrics)
+  relay metrics http://127.0.0.1:${config.RELAY_METRICS_PORT}/metrics
+  worker metrics http://127.0.0.1:${config.WORKER_METRICS_PORT}/metrics
+  outbox metrics http://127.0.0.1:${config.OUTBOX_METRICS_PORT}/metrics
+  Postgres      ${new URL(config.DATABASE_URL).host}${new URL(config.DATABASE_URL).pathname}
+  Kafka         ${config.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq)
+  tenant        ${config.DEV_TENANT}
+  token         ${token}
+
+  Try:
+    curl -s -X POST ${apiUrl}/v1/runs \\
+      -H 'authorization: Bearer ${token}' -H 'content-type: application/json' \\
+      -d '{"workflow_ref":"echo","input":{"hello":"world"},"dispatch_key":"first"}'
+    deno task dispatch ${config.DEV_TENANT} '{"workflow_ref":"echo","input":{},"dispatch_key":"via-kafka"}'
+
+  Ctrl-C stops everything.
+`);
+
+  const stopped = Promise.withResolvers<void>();
+  for (const sig of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(sig, stopped.resolve);
+  const exited = Promise.race(
+    children.map(async ({ name, child }) => ({ name, status: await child.status })),
+  );
+  const first = await Promise.race([stopped.promise.then(() => undefined), exited]);
+  if (first) say(`${first.name} exited with code ${first.status.code}; stopping the others`);
+  else say("stopping");
+  for (const { child } of children) {
+    try {
+      child.kill("SIGTERM");
+    } catch { /* already exited */ }
+  }
+  await Promise.all(children.map(({ child }) => child.status));
+  if (startedBroker) {
+    await stopBroker();
+    say("kafka stopped");
+  }
+  say("all stopped");
+  return first ? 1 : 0;
+}
+
+if (import.meta.main) {
+  try {
+    Deno.exit(await up());
+  } catch (err) {
+    console.error(err instanceof ConfigError ? err.message : `up: ${(err as Error).message}`);
+    Deno.exit(err instanceof ConfigError ? 2 : 1);
+  }
+}
