@@ -11,7 +11,12 @@ import { PoimenError } from "../core/errors.ts";
 import { uuidv7 } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { isUnavailable, toDbError } from "../db/pool.ts";
-import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../db/admission.ts";
+import {
+  type AdmittedRow,
+  insertRuns,
+  type NewRun,
+  selectRunsByDispatchKey,
+} from "../db/admission.ts";
 import type { RunRow } from "../db/runs.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import type { RunRequest } from "../contracts/runs.ts";
@@ -122,32 +127,25 @@ export class Admission {
 
   async #flush(runs: NewRun[]): Promise<(AdmitResult | Error)[]> {
     const results = new Map<NewRun, AdmitResult>();
-    let todo = runs;
+    const settle = (batch: NewRun[], rows: AdmittedRow[]): NewRun[] => {
+      for (const { i, created, same_body, ...run } of rows) {
+        results.set(batch[i], { run, created, sameBody: same_body });
+      }
+      return batch.filter((r) => !results.has(r));
+    };
+    const rows = await insertRuns(this.#sql, runs);
+    const createdCount = rows.filter((r) => r.created).length;
+    if (createdCount > 0) this.#hooks.onCreated?.(createdCount);
+    let todo = settle(runs, rows);
+    // Keys whose holder committed after the insert's snapshot: read them in a
+    // new one. A holder deleted meanwhile leaves its key free: admit again.
     for (let round = 0; todo.length > 0 && round < MAX_ROUNDS; round++) {
-      const created = await insertRuns(this.#sql, todo);
-      if (created.length > 0) this.#hooks.onCreated?.(created.length);
-      const byId = new Map(created.map((r) => [r.run_id, r]));
-      const taken: NewRun[] = [];
-      for (const run of todo) {
-        const row = byId.get(run.run_id);
-        if (row) results.set(run, { run: row, created: true, sameBody: true });
-        else taken.push(run);
-      }
-      if (taken.length === 0) break;
-      const existing = await selectRunsByDispatchKey(this.#sql, taken);
-      const byIndex = new Map(existing.map((r) => [r.i, r]));
-      todo = [];
-      for (const [i, run] of taken.entries()) {
-        const row = byIndex.get(i);
-        if (!row) {
-          todo.push(run);
-          continue;
-        }
-        const { same_body, i: _, ...rest } = row;
-        // Inside one batch the first holder of a key is created and the rest
-        // replay it; compare their bodies with the created run's request.
-        results.set(run, { run: rest, created: false, sameBody: same_body });
-      }
+      todo = settle(todo, await selectRunsByDispatchKey(this.#sql, todo));
+      if (todo.length === 0) break;
+      const again = await insertRuns(this.#sql, todo);
+      const n = again.filter((r) => r.created).length;
+      if (n > 0) this.#hooks.onCreated?.(n);
+      todo = settle(todo, again);
     }
     return runs.map((r) =>
       results.get(r) ??
