@@ -36,8 +36,10 @@ const kafkaDevEnv = z.object({
 export interface BrokerOptions {
   port: number;
   controllerPort: number;
-  /** Absolute directory holding libs/, data/, broker.log, broker.pid. */
+  /** Absolute directory holding data/, broker.log, broker.pid (and libs/ by default). */
   dir: string;
+  /** Absolute directory of the jars; several brokers (e.g. a test's own) may share one. */
+  libs: string;
   heap: string;
   /** Receives one human-readable line per step (default: discarded). */
   report?: (line: string) => void;
@@ -49,7 +51,13 @@ export function brokerOptionsFromEnv(
 ): BrokerOptions {
   const e = readEnv(kafkaDevEnv, env);
   const dir = e.KAFKA_DIR.startsWith("/") ? e.KAFKA_DIR : `${ROOT}/${e.KAFKA_DIR}`;
-  return { port: e.KAFKA_PORT, controllerPort: e.KAFKA_CONTROLLER_PORT, dir, heap: e.KAFKA_HEAP };
+  return {
+    port: e.KAFKA_PORT,
+    controllerPort: e.KAFKA_CONTROLLER_PORT,
+    dir,
+    libs: `${dir}/libs`,
+    heap: e.KAFKA_HEAP,
+  };
 }
 
 /** The bootstrap address of the development broker. */
@@ -105,7 +113,9 @@ async function run(cmd: string, args: string[], what: string): Promise<string> {
   try {
     out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
   } catch (error) {
-    if (error instanceof Deno.errors.NotFound) throw new Error(`${what}: '${cmd}' is not installed`);
+    if (error instanceof Deno.errors.NotFound) {
+      throw new Error(`${what}: '${cmd}' is not installed`);
+    }
     throw error;
   }
   const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
@@ -122,7 +132,7 @@ async function sha256(text: string): Promise<string> {
 }
 
 async function ensureJars(opts: BrokerOptions, report: (line: string) => void): Promise<void> {
-  const libs = `${opts.dir}/libs`;
+  const libs = opts.libs;
   const marker = `${libs}/.pom-sha256`;
   // The marker is written last, so its presence means a complete copy of this pom's classpath.
   const want = await sha256(await Deno.readTextFile(POM));
@@ -145,7 +155,8 @@ async function ensureJars(opts: BrokerOptions, report: (line: string) => void): 
 }
 
 function serverProperties(opts: BrokerOptions): string {
-  const listeners = `PLAINTEXT://127.0.0.1:${opts.port},CONTROLLER://127.0.0.1:${opts.controllerPort}`;
+  const listeners =
+    `PLAINTEXT://127.0.0.1:${opts.port},CONTROLLER://127.0.0.1:${opts.controllerPort}`;
   return [
     "# Written by dev/kafka.ts on every start; edit that file, not this one.",
     "process.roles=broker,controller",
@@ -195,7 +206,7 @@ function javaArgs(opts: BrokerOptions, main: string, args: string[]): string[] {
     `-Dlog4j2.configurationFile=${LOG4J}`,
     `-Dkafka.logs.dir=${opts.dir}`,
     "-cp",
-    `${opts.dir}/libs/*`,
+    `${opts.libs}/*`,
     main,
     ...args,
   ];
@@ -326,7 +337,9 @@ export async function startBroker(
     // /proc may still show this process's command line, not the JVM's).
     if (exited) {
       await Deno.remove(`${opts.dir}/broker.pid`).catch(() => {});
-      throw new Error(`kafka exited during start-up; last lines of ${log}:\n${await logTail(opts.dir)}`);
+      throw new Error(
+        `kafka exited during start-up; last lines of ${log}:\n${await logTail(opts.dir)}`,
+      );
     }
     if (await brokerAnswers(address, SECOND)) {
       const startMs = Math.round(performance.now() - started);

@@ -149,7 +149,10 @@ export interface TopicSpec {
 
 /** Administrative operations. */
 export interface KafkaAdmin {
-  /** Creates the topics that are missing; one that already exists counts as success. */
+  /**
+   * Creates the topics that are missing (one that already exists counts as
+   * success) and resolves once the new ones are visible in the metadata.
+   */
   createTopics(topics: TopicSpec[]): Promise<{ created: string[]; existing: string[] }>;
   /** Names of all non-internal topics. */
   listTopics(): Promise<string[]>;
@@ -307,6 +310,14 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
           existing.push(spec.name);
         }
       }
+      // The controller answers before the brokers' metadata caught up; wait,
+      // so that a declared topic can be produced to and listed at once.
+      const deadline = Date.now() + 10 * SECOND;
+      while (created.length > 0 && Date.now() < deadline) {
+        const listed = new Set(await admin.listTopics());
+        if (created.every((t) => listed.has(t))) break;
+        await delay(50);
+      }
       return { created, existing };
     },
     listTopics() {
@@ -351,9 +362,15 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
           })),
         })),
       });
-      return sortOffsets(listed.flatMap((t) =>
-        t.partitions.map((p) => ({ topic: t.name, partition: p.partitionIndex, offset: p.offset }))
-      ));
+      return sortOffsets(
+        listed.flatMap((t) =>
+          t.partitions.map((p) => ({
+            topic: t.name,
+            partition: p.partitionIndex,
+            offset: p.offset,
+          }))
+        ),
+      );
     },
     async close() {
       if (closed) return;
@@ -462,7 +479,10 @@ class GroupConsumer implements KafkaConsumer {
           this.#log.warn("kafka commit failed, retrying", { error, attempt });
         }
       }
-      await delay(Math.max(50, backoffWithJitter(attempt, RETRY_BASE, RETRY_CAP)), this.#stop.signal);
+      await delay(
+        Math.max(50, backoffWithJitter(attempt, RETRY_BASE, RETRY_CAP)),
+        this.#stop.signal,
+      );
     }
   }
 
@@ -521,9 +541,9 @@ class GroupConsumer implements KafkaConsumer {
             await delay(refresh, this.#stop.signal);
             continue;
           }
-          this.#client ??= this.#newClient();
+          const client = this.#client ??= this.#newClient();
           this.#restartRequested = false;
-          const stream = await this.#client.consume({
+          const stream = await client.consume({
             topics,
             mode: "committed",
             fallbackMode: this.#opts.startFrom ?? "earliest",
@@ -531,6 +551,12 @@ class GroupConsumer implements KafkaConsumer {
             maxWaitTime: this.#opts.maxWaitMs ?? 500,
             sessionTimeout: this.#opts.sessionTimeoutMs ?? 30 * SECOND,
             heartbeatInterval: this.#opts.heartbeatIntervalMs ?? 3 * SECOND,
+          }).catch((error) => {
+            // A consume that failed (e.g. its join) leaves its topics tracked;
+            // the next one would then see no change, skip the join and fetch
+            // without being a member.
+            client.topics.untrackAll(...topics);
+            throw error;
           });
           if (this.#stop.signal.aborted) {
             await stream.close();

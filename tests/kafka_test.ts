@@ -6,7 +6,13 @@
  *   deno test -A tests/kafka_test.ts
  */
 import assert from "node:assert/strict";
-import { brokerAddress, startBroker, stopBroker } from "../dev/kafka.ts";
+import {
+  brokerAddress,
+  type BrokerOptions,
+  brokerOptionsFromEnv,
+  startBroker,
+  stopBroker,
+} from "../dev/kafka.ts";
 import {
   type ConsumedMessage,
   createAdmin,
@@ -24,19 +30,22 @@ import { createLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
-// The client keeps sockets and retry timers past close() for a moment; the
-// sanitizers would flag those, not anything these tests do.
-const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
 
 function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
 }
 
 /** Polls `condition` every 50 ms until true; fails with `what` after `timeoutMs`. */
-async function until(what: string, condition: () => boolean | Promise<boolean>, timeoutMs = 30 * SECOND) {
+async function until(
+  what: string,
+  condition: () => boolean | Promise<boolean>,
+  timeoutMs = 30 * SECOND,
+) {
   const deadline = Date.now() + timeoutMs;
   while (!(await condition())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    }
     await delay(50);
   }
 }
@@ -79,7 +88,7 @@ Deno.test("topic names: helpers round-trip and reject bad tenant ids", () => {
   }
 });
 
-Deno.test("kafka: tenant topic declaration is idempotent", KAFKA_TEST, async () => {
+Deno.test("kafka: tenant topic declaration is idempotent", async () => {
   await withAdmin(async (admin) => {
     const tenant = `decl-${suffix()}`;
     const names = [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant)];
@@ -102,177 +111,247 @@ Deno.test("kafka: tenant topic declaration is idempotent", KAFKA_TEST, async () 
   });
 });
 
-Deno.test("kafka: a key lands on the Java client's partition; offsets per message", KAFKA_TEST, async () => {
-  const topic = `test.partition.${suffix()}`;
-  await withAdmin(async (admin) => {
-    await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
-    const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-    try {
-      // murmur2("abc") = 479470107 and murmur2("a-little-bit-long-string") =
-      // -985981536 (Kafka's own test vectors); positive part modulo 2: 1 and 0.
-      const acked = await producer.send([
-        { topic, key: "abc", value: "1" },
-        { topic, key: "a-little-bit-long-string", value: "2" },
-        { topic, key: "abc", value: "3" },
-        { topic, key: "abc", value: "4", partition: 0 },
-      ]);
-      assert.deepEqual(acked.map((o) => [o.partition, o.offset]), [[1, 0n], [0, 0n], [1, 1n], [0, 1n]]);
-      assert.deepEqual(
-        (await admin.endOffsets([topic])).map((o) => [o.partition, o.offset]),
-        [[0, 2n], [1, 2n]],
-      );
-    } finally {
-      await producer.close();
+Deno.test(
+  "kafka: a key lands on the Java client's partition; offsets per message",
+  async () => {
+    const topic = `test.partition.${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      try {
+        // murmur2("abc") = 479470107 and murmur2("a-little-bit-long-string") =
+        // -985981536 (Kafka's own test vectors); positive part modulo 2: 1 and 0.
+        const acked = await producer.send([
+          { topic, key: "abc", value: "1" },
+          { topic, key: "a-little-bit-long-string", value: "2" },
+          { topic, key: "abc", value: "3" },
+          { topic, key: "abc", value: "4", partition: 0 },
+        ]);
+        assert.deepEqual(acked.map((o) => [o.partition, o.offset]), [[1, 0n], [0, 0n], [1, 1n], [
+          0,
+          1n,
+        ]]);
+        assert.deepEqual(
+          (await admin.endOffsets([topic])).map((o) => [o.partition, o.offset]),
+          [[0, 2n], [1, 2n]],
+        );
+      } finally {
+        await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
+  "kafka: round trip with keys and headers; commits survive a consumer restart",
+  async () => {
+    const topic = `test.roundtrip.${suffix()}`;
+    const group = `g-roundtrip-${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 1, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const binary = new Uint8Array([0, 1, 2, 254, 255]);
+      try {
+        const acked = await producer.send([
+          { topic, key: "acme/k0", value: "zero", headers: { traceparent: "00-abc-def-01" } },
+          { topic, key: "acme/k1", value: binary },
+          { topic, key: "acme/k2", value: "two", headers: { a: "1", b: "ü" } },
+        ]);
+        assert.deepEqual(acked.map((o) => [o.topic, o.partition, o.offset]), [
+          [topic, 0, 0n],
+          [topic, 0, 1n],
+          [topic, 0, 2n],
+        ]);
+      } finally {
+        await producer.close();
+      }
+
+      const first = createConsumer({
+        brokers: BROKERS,
+        clientId: "poimen-test",
+        groupId: group,
+        topics: [topic],
+      });
+      try {
+        const got = collect(first);
+        await until("3 messages", () => got.length >= 3);
+        assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k0", 0n], ["acme/k1", 1n], [
+          "acme/k2",
+          2n,
+        ]]);
+        assert.equal(text(got[0]), "zero");
+        assert.deepEqual(got[0].headers, { traceparent: "00-abc-def-01" });
+        assert.deepEqual([...got[1].value], [...binary]);
+        assert.deepEqual(got[1].headers, {});
+        assert.deepEqual(got[2].headers, { a: "1", b: "ü" });
+        assert.ok(
+          Math.abs(got[0].timestamp - Date.now()) < 60 * SECOND,
+          "timestamp is ms since epoch",
+        );
+        // Processed k0 and k1 only: the next offset to read is 2.
+        await first.commit([{ topic, partition: 0, offset: got[1].offset + 1n }]);
+      } finally {
+        await first.close();
+      }
+
+      assert.deepEqual(await admin.committedOffsets(group), [{ topic, partition: 0, offset: 2n }]);
+      assert.deepEqual(await admin.endOffsets([topic]), [{ topic, partition: 0, offset: 3n }]);
+
+      const second = createConsumer({
+        brokers: BROKERS,
+        clientId: "poimen-test",
+        groupId: group,
+        topics: [topic],
+      });
+      try {
+        const got = collect(second);
+        await until("the uncommitted message", () => got.length >= 1);
+        assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k2", 2n]]);
+      } finally {
+        await second.close();
+      }
       await admin.deleteTopics([topic]);
-    }
-  });
-});
-
-Deno.test("kafka: round trip with keys and headers; commits survive a consumer restart", KAFKA_TEST, async () => {
-  const topic = `test.roundtrip.${suffix()}`;
-  const group = `g-roundtrip-${suffix()}`;
-  await withAdmin(async (admin) => {
-    await admin.createTopics([{ name: topic, partitions: 1, replicationFactor: 1 }]);
-    const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-    const binary = new Uint8Array([0, 1, 2, 254, 255]);
-    try {
-      const acked = await producer.send([
-        { topic, key: "acme/k0", value: "zero", headers: { traceparent: "00-abc-def-01" } },
-        { topic, key: "acme/k1", value: binary },
-        { topic, key: "acme/k2", value: "two", headers: { a: "1", b: "ü" } },
-      ]);
-      assert.deepEqual(acked.map((o) => [o.topic, o.partition, o.offset]), [
-        [topic, 0, 0n],
-        [topic, 0, 1n],
-        [topic, 0, 2n],
-      ]);
-    } finally {
-      await producer.close();
-    }
-
-    const first = createConsumer({ brokers: BROKERS, clientId: "poimen-test", groupId: group, topics: [topic] });
-    try {
-      const got = collect(first);
-      await until("3 messages", () => got.length >= 3);
-      assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k0", 0n], ["acme/k1", 1n], ["acme/k2", 2n]]);
-      assert.equal(text(got[0]), "zero");
-      assert.deepEqual(got[0].headers, { traceparent: "00-abc-def-01" });
-      assert.deepEqual([...got[1].value], [...binary]);
-      assert.deepEqual(got[1].headers, {});
-      assert.deepEqual(got[2].headers, { a: "1", b: "ü" });
-      assert.ok(Math.abs(got[0].timestamp - Date.now()) < 60 * SECOND, "timestamp is ms since epoch");
-      // Processed k0 and k1 only: the next offset to read is 2.
-      await first.commit([{ topic, partition: 0, offset: got[1].offset + 1n }]);
-    } finally {
-      await first.close();
-    }
-
-    assert.deepEqual(await admin.committedOffsets(group), [{ topic, partition: 0, offset: 2n }]);
-    assert.deepEqual(await admin.endOffsets([topic]), [{ topic, partition: 0, offset: 3n }]);
-
-    const second = createConsumer({ brokers: BROKERS, clientId: "poimen-test", groupId: group, topics: [topic] });
-    try {
-      const got = collect(second);
-      await until("the uncommitted message", () => got.length >= 1);
-      assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k2", 2n]]);
-    } finally {
-      await second.close();
-    }
-    await admin.deleteTopics([topic]);
-  });
-});
-
-Deno.test("kafka: a RegExp subscription picks up new tenants' topics without a restart", KAFKA_TEST, async () => {
-  const run = suffix();
-  const [t1, t2] = [`sub-${run}-a`, `sub-${run}-b`];
-  const opts = { partitions: 2, replicationFactor: 1, retentionMs: 3_600_000 };
-  await withAdmin(async (admin) => {
-    await ensureTenantTopics(admin, t1, opts);
-    const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-    const consumer = createConsumer({
-      brokers: BROKERS,
-      clientId: "poimen-test",
-      groupId: `g-sub-${run}`,
-      topics: new RegExp(`^poimen\\.sub-${run}-[a-z]\\.dispatch$`),
-      topicRefreshMs: 300,
     });
-    try {
-      const got = collect(consumer);
-      await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d1`, value: "{}" }]);
-      await until("the first tenant's message", () => got.length >= 1);
-      assert.deepEqual(consumer.topics, [dispatchTopic(t1)]);
+  },
+);
 
-      await ensureTenantTopics(admin, t2, opts);
-      await producer.send([{ topic: dispatchTopic(t2), key: `${t2}/d1`, value: "{}" }]);
-      await until("the second tenant's message", () => got.length >= 2);
-      assert.deepEqual(got.map((m) => tenantOfTopic(m.topic)), [t1, t2]);
-      assert.deepEqual(consumer.topics, [dispatchTopic(t1), dispatchTopic(t2)]);
+Deno.test(
+  "kafka: a RegExp subscription picks up new tenants' topics without a restart",
+  async () => {
+    const run = suffix();
+    const [t1, t2] = [`sub-${run}-a`, `sub-${run}-b`];
+    const opts = { partitions: 2, replicationFactor: 1, retentionMs: 3_600_000 };
+    await withAdmin(async (admin) => {
+      await ensureTenantTopics(admin, t1, opts);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const consumer = createConsumer({
+        brokers: BROKERS,
+        clientId: "poimen-test",
+        groupId: `g-sub-${run}`,
+        topics: new RegExp(`^poimen\\.sub-${run}-[a-z]\\.dispatch$`),
+        topicRefreshMs: 300,
+      });
+      try {
+        const got = collect(consumer);
+        await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d1`, value: "{}" }]);
+        await until("the first tenant's message", () => got.length >= 1);
+        assert.deepEqual(consumer.topics, [dispatchTopic(t1)]);
 
-      // Still consuming the first tenant after the rebalance, with no redelivery.
-      await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d2`, value: "{}" }]);
-      await until("the first tenant's second message", () => got.length >= 3);
-      assert.deepEqual(got.map((m) => m.key), [`${t1}/d1`, `${t2}/d1`, `${t1}/d2`]);
-    } finally {
-      await consumer.close();
-      await producer.close();
-      await admin.deleteTopics([t1, t2].flatMap((t) => [eventsTopic(t), dispatchTopic(t), dlqTopic(t)]));
-    }
-  });
-});
+        await ensureTenantTopics(admin, t2, opts);
+        await producer.send([{ topic: dispatchTopic(t2), key: `${t2}/d1`, value: "{}" }]);
+        await until("the second tenant's message", () => got.length >= 2);
+        assert.deepEqual(got.map((m) => tenantOfTopic(m.topic)), [t1, t2]);
+        assert.deepEqual(consumer.topics, [dispatchTopic(t1), dispatchTopic(t2)]);
 
-Deno.test("kafka: messages and the consumer survive a broker stop and start", KAFKA_TEST, async () => {
-  const run = suffix();
-  const tenant = `restart-${run}`;
-  const topic = dispatchTopic(tenant);
-  const opts = { partitions: 1, replicationFactor: 1, retentionMs: 3_600_000 };
-  await withAdmin((admin) => ensureTenantTopics(admin, tenant, opts));
-
-  const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-  const lines: string[] = [];
-  const survivor = createConsumer({
-    brokers: BROKERS,
-    clientId: "poimen-test",
-    groupId: `g-survivor-${run}`,
-    topics: [topic],
-    logger: createLogger("test", "warn", (line) => lines.push(line)),
-  });
-  try {
-    const survived = collect(survivor);
-    await producer.send([{ topic, key: `${tenant}/before`, value: "before" }]);
-    await until("the message before the stop", () => survived.length >= 1);
-
-    assert.equal(await stopBroker(), true);
-    // Keep the broker down until the consumer noticed (its fetch retries ran
-    // out), so what follows exercises its reconnect, not a brief hiccup.
-    await until(
-      "the consumer to notice the outage",
-      () => lines.some((l) => l.includes("kafka consumer failed")),
-      90 * SECOND,
-    );
-    await startBroker();
-
-    // The message written before the stop is still there for a new group.
-    const fresh = createConsumer({
-      brokers: BROKERS,
-      clientId: "poimen-test",
-      groupId: `g-fresh-${run}`,
-      topics: [topic],
+        // Still consuming the first tenant after the rebalance, with no redelivery.
+        await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d2`, value: "{}" }]);
+        await until("the first tenant's second message", () => got.length >= 3);
+        assert.deepEqual(got.map((m) => m.key), [`${t1}/d1`, `${t2}/d1`, `${t1}/d2`]);
+      } finally {
+        await consumer.close();
+        await producer.close();
+        await admin.deleteTopics(
+          [t1, t2].flatMap((t) => [eventsTopic(t), dispatchTopic(t), dlqTopic(t)]),
+        );
+      }
     });
-    try {
-      const got = collect(fresh);
-      await until("the pre-stop message in a new group", () => got.length >= 1, 60 * SECOND);
-      assert.equal(text(got[0]), "before");
-    } finally {
-      await fresh.close();
-    }
+  },
+);
 
-    // The consumer that lived through the outage carries on, without redelivery.
-    await producer.send([{ topic, key: `${tenant}/after`, value: "after" }]);
-    await until("the post-start message in the surviving consumer", () => survived.length >= 2, 90 * SECOND);
-    assert.deepEqual(survived.map(text), ["before", "after"]);
-  } finally {
-    await survivor.close();
-    await producer.close();
-    await withAdmin((admin) => admin.deleteTopics([eventsTopic(tenant), topic, dlqTopic(tenant)]));
-  }
-});
+function freePort(): number {
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (listener.addr as Deno.NetAddr).port;
+  listener.close();
+  return port;
+}
+
+Deno.test(
+  "kafka: messages and the consumer survive a broker stop and start",
+  async () => {
+    // A broker of this test's own (shared jars, own ports and data): stopping
+    // the shared one would break whatever else is using it meanwhile.
+    const shared = brokerOptionsFromEnv();
+    const dir = await Deno.makeTempDir({ prefix: "poimen-kafka-restart-" });
+    const own: BrokerOptions = {
+      port: freePort(),
+      controllerPort: freePort(),
+      dir,
+      libs: shared.libs,
+      heap: "384m",
+    };
+    const brokers = [brokerAddress(own)];
+    const run = suffix();
+    const tenant = `restart-${run}`;
+    const topic = dispatchTopic(tenant);
+    const lines: string[] = [];
+    const logger = createLogger("test", "debug", (line) => lines.push(line));
+    try {
+      await startBroker(own);
+      const admin = createAdmin({ brokers, clientId: "poimen-test" });
+      await ensureTenantTopics(admin, tenant, {
+        partitions: 1,
+        replicationFactor: 1,
+        retentionMs: 3_600_000,
+      })
+        .finally(() => admin.close());
+
+      const producer = createProducer({ brokers, clientId: "poimen-test" });
+      const survivor = createConsumer({
+        brokers,
+        clientId: "poimen-test",
+        groupId: `g-survivor-${run}`,
+        topics: [topic],
+        logger,
+      });
+      try {
+        const survived = collect(survivor);
+        await producer.send([{ topic, key: `${tenant}/before`, value: "before" }]);
+        await until("the message before the stop", () => survived.length >= 1);
+
+        assert.equal(await stopBroker(own), true);
+        // Keep the broker down until the consumer noticed (its fetch retries ran
+        // out), so what follows exercises its reconnect, not a brief hiccup.
+        await until(
+          "the consumer to notice the outage",
+          () => lines.some((l) => l.includes("kafka consumer failed")),
+          90 * SECOND,
+        );
+        await startBroker(own);
+
+        // The message written before the stop is still there for a new group.
+        const fresh = createConsumer({
+          brokers,
+          clientId: "poimen-test",
+          groupId: `g-fresh-${run}`,
+          topics: [topic],
+        });
+        try {
+          const got = collect(fresh);
+          await until("the pre-stop message in a new group", () => got.length >= 1, 60 * SECOND);
+          assert.equal(text(got[0]), "before");
+        } finally {
+          await fresh.close();
+        }
+
+        // The consumer that lived through the outage carries on, without redelivery.
+        await producer.send([{ topic, key: `${tenant}/after`, value: "after" }]);
+        await until(
+          "the post-start message in the surviving consumer",
+          () => survived.length >= 2,
+          90 * SECOND,
+        );
+        assert.deepEqual(survived.map(text), ["before", "after"]);
+      } finally {
+        await survivor.close();
+        await producer.close();
+      }
+    } catch (error) {
+      if (Deno.env.get("KAFKA_TEST_DEBUG")) console.error(lines.join("\n"));
+      throw error;
+    } finally {
+      await stopBroker(own);
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+);
