@@ -1,0 +1,51 @@
+/** The outbox relay's configuration, read once from the environment at start-up. */
+import { z } from "zod";
+import {
+  databaseEnv,
+  kafkaEnv,
+  logEnv,
+  millis,
+  optionalPort,
+  positiveInt,
+  readEnv,
+} from "../core/config.ts";
+import { DAY, MINUTE, SECOND } from "../core/time.ts";
+
+/** The outbox relay's environment variables. */
+export const outboxEnvSchema = z.object({
+  ...databaseEnv,
+  ...kafkaEnv,
+  ...logEnv,
+  /** Most events claimed, published and marked in one transaction. */
+  OUTBOX_BATCH_SIZE: positiveInt(500),
+  /** Polling interval when the last batch was not full. */
+  OUTBOX_POLL_MS: z.coerce.number().int().min(1).default(200),
+  /** How long published rows are kept before the purge deletes them. */
+  OUTBOX_RETENTION_MS: millis(7 * DAY),
+  /** How often the purge runs. */
+  OUTBOX_PURGE_INTERVAL_MS: z.coerce.number().int().min(10).default(MINUTE),
+  /** Rows deleted per purge statement (kept small so no statement holds locks for long). */
+  OUTBOX_PURGE_BATCH_SIZE: positiveInt(1000),
+  /**
+   * Longest one publish may take before it is abandoned (the producer is
+   * replaced and the batch rolled back): bounds how long a claim transaction
+   * stays open while the broker misbehaves.
+   */
+  OUTBOX_SEND_TIMEOUT_MS: z.coerce.number().int().min(100).default(30 * SECOND),
+  /** Cap of the retry backoff while Kafka or Postgres is unavailable. */
+  OUTBOX_RETRY_MAX_MS: z.coerce.number().int().min(10).default(5 * SECOND),
+  /** How long a graceful stop waits for the batch in flight before abandoning it. */
+  OUTBOX_SHUTDOWN_MS: millis(10 * SECOND),
+  /** Unset: no metrics endpoint. */
+  OUTBOX_METRICS_PORT: optionalPort(),
+  /** Metrics endpoint bind address. */
+  OUTBOX_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
+});
+
+/** The validated outbox configuration. */
+export type OutboxConfig = z.infer<typeof outboxEnvSchema>;
+
+/** Reads and validates the outbox environment; throws a one-line `ConfigError`. */
+export function readOutboxConfig(env: Record<string, string | undefined>): OutboxConfig {
+  return readEnv(outboxEnvSchema, env);
+}

@@ -1,0 +1,87 @@
+/**
+ * `main.ts outbox`: the outbox relay process. Reads its configuration, opens
+ * the pool and the Kafka clients, runs an `OutboxRelay` (and, when
+ * OUTBOX_METRICS_PORT is set, `/metrics` and `/healthz`) until SIGTERM/SIGINT,
+ * then lets the batch in flight finish and closes producer, admin and pool.
+ */
+import client from "prom-client";
+import { brokerList, processEnv } from "../core/config.ts";
+import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
+import { createLogger, type Logger } from "../core/log.ts";
+import { outboxStats } from "../db/outbox.ts";
+import { createPool, type Sql } from "../db/pool.ts";
+import { createAdmin, createProducer } from "../relay/kafka.ts";
+import { readOutboxConfig } from "./config.ts";
+import { createOutboxMetrics, serveMetrics } from "./metrics.ts";
+import { OutboxRelay } from "./relay.ts";
+
+// Bounded so a failing send gives the batch's transaction back within
+// seconds (the library's default for an idempotent producer is to retry
+// forever); the relay's own loop retries with backoff after that.
+const PRODUCER_RETRIES = 5;
+
+/** Runs the outbox relay until a signal; returns the exit code. */
+export async function main(_args: string[]): Promise<number> {
+  const cfg = readOutboxConfig(processEnv());
+  const log = createLogger("outbox", cfg.LOG_LEVEL);
+  const id = `${Deno.hostname()}-${Deno.pid}`;
+  const sql = createPool({
+    url: cfg.DATABASE_URL,
+    max: cfg.DATABASE_POOL_SIZE,
+    applicationName: `poimen-outbox ${id}`.slice(0, 63),
+  });
+  const kafkaClient = {
+    brokers: brokerList(cfg.KAFKA_BROKERS),
+    clientId: `${cfg.KAFKA_CLIENT_ID}-outbox`,
+    logger: log,
+  };
+  const registry = new client.Registry();
+  const metrics = createOutboxMetrics(registry, () => outboxStats(sql), log);
+  const relay = new OutboxRelay(sql, {
+    createProducer: () => createProducer({ ...kafkaClient, retries: PRODUCER_RETRIES }),
+    admin: createAdmin(kafkaClient),
+  }, {
+    batchSize: cfg.OUTBOX_BATCH_SIZE,
+    pollMs: cfg.OUTBOX_POLL_MS,
+    retentionMs: cfg.OUTBOX_RETENTION_MS,
+    purgeIntervalMs: cfg.OUTBOX_PURGE_INTERVAL_MS,
+    purgeBatchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
+    sendTimeoutMs: cfg.OUTBOX_SEND_TIMEOUT_MS,
+    retryMaxMs: cfg.OUTBOX_RETRY_MAX_MS,
+    shutdownMs: cfg.OUTBOX_SHUTDOWN_MS,
+    topics: {
+      partitions: cfg.TOPIC_PARTITIONS,
+      replicationFactor: cfg.TOPIC_REPLICATION_FACTOR,
+      retentionMs: cfg.TOPIC_RETENTION_MS,
+    },
+    log,
+    hooks: metrics.hooks,
+  });
+  const metricsAt = cfg.OUTBOX_METRICS_PORT === undefined
+    ? undefined
+    : { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
+  await runUntilSignal(outboxProcess(relay, sql, registry, metricsAt, log), log);
+  return 0;
+}
+
+/** The relay, its metrics endpoint and its pool as one service: stopped in that order, pool last. */
+function outboxProcess(
+  relay: OutboxRelay,
+  sql: Sql,
+  registry: client.Registry,
+  metricsAt: { hostname: string; port: number } | undefined,
+  log: Logger,
+): Service {
+  let server: Deno.HttpServer | undefined;
+  return {
+    async start() {
+      if (metricsAt) server = serveMetrics(registry, metricsAt.hostname, metricsAt.port, log);
+      await relay.start();
+    },
+    stop: once(async () => {
+      await relay.stop();
+      await server?.shutdown();
+      await sql.end({ timeout: 5 });
+    }),
+  };
+}

@@ -1,0 +1,398 @@
+/**
+ * The outbox relay: ships `work_events` rows to `poimen.<tenant>.events`.
+ *
+ * One batch is one Postgres transaction: claim up to `batchSize` pending
+ * rows with `FOR UPDATE SKIP LOCKED` (see `claimPendingEvents` for per-run
+ * order across processes), publish them with the idempotent producer, mark
+ * them published after the broker acknowledged them, commit. Holding the
+ * row locks while publishing is what keeps two relay processes from shipping
+ * one row twice; it is cheap because a batch is small (≤ 500 rows by
+ * default) and a publish is bounded by `sendTimeoutMs`. A lease column would
+ * survive a crashed process without relying on the transaction, but a
+ * crashed process' transaction is rolled back by Postgres anyway, and a
+ * lease would need its own reclaim path.
+ *
+ * Delivery is at least once: if Postgres fails after the broker acknowledged
+ * a batch, the rows stay pending and are shipped again; consumers dedupe by
+ * `(run_id, seq)`. Within a run, order is never broken: a run's events are
+ * sent in seq order in one produce request (one key → one partition, and the
+ * idempotent producer keeps order across its retries), and a later batch is
+ * only sent after the earlier one was acknowledged.
+ */
+import type { Service } from "../core/lifecycle.ts";
+import { once } from "../core/lifecycle.ts";
+import type { Logger } from "../core/log.ts";
+import { backoffWithJitter, delay } from "../core/time.ts";
+import {
+  claimPendingEvents,
+  markPublished,
+  type PendingEvent,
+  purgePublished,
+} from "../db/outbox.ts";
+import type { Sql } from "../db/pool.ts";
+import {
+  eventsTopic,
+  type KafkaAdmin,
+  type KafkaProducer,
+  type ProduceMessage,
+  type TenantTopicOptions,
+} from "../relay/kafka.ts";
+import type { OutboxHooks } from "./metrics.ts";
+
+/** The Kafka side of the relay: a producer factory (a failed producer is replaced) and an admin. */
+export interface OutboxKafka {
+  createProducer(): KafkaProducer;
+  admin: KafkaAdmin;
+}
+
+/** Options of `OutboxRelay`. */
+export interface OutboxRelayOptions {
+  batchSize: number;
+  pollMs: number;
+  retentionMs: number;
+  purgeIntervalMs: number;
+  purgeBatchSize: number;
+  sendTimeoutMs: number;
+  retryMaxMs: number;
+  shutdownMs: number;
+  topics: TenantTopicOptions;
+  log: Logger;
+  hooks?: OutboxHooks;
+}
+
+// Produce requests are kept well under the broker's default 1 MiB
+// message.max.bytes; a run's events are split only when they exceed it.
+const CHUNK_BYTES = 512 * 1024;
+// One purge round deletes at most this many batches, then yields to the next interval.
+const MAX_PURGE_BATCHES = 100;
+const RETRY_BASE_MS = 200;
+
+type Phase = "kafka" | "database";
+
+interface Outgoing {
+  event: PendingEvent;
+  message: ProduceMessage & { value: Uint8Array };
+}
+
+/** Tags a failure with the side that failed, for outage logging. */
+class PhaseError extends Error {
+  constructor(readonly phase: Phase, cause: unknown) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause });
+  }
+}
+
+/** Ships pending work_events to Kafka until stopped. */
+export class OutboxRelay implements Service {
+  readonly #sql: Sql;
+  readonly #kafka: OutboxKafka;
+  readonly #opts: OutboxRelayOptions;
+  readonly #log: Logger;
+  readonly #abort = new AbortController();
+  readonly #ensured = new Set<string>();
+  readonly #invalidTenants = new Set<string>();
+  #producer: KafkaProducer | undefined;
+  #outage: { phase: Phase; since: number; attempts: number } | undefined;
+  #shipping: Promise<void> = Promise.resolve();
+  #purging: Promise<void> = Promise.resolve();
+  #started = false;
+
+  constructor(sql: Sql, kafka: OutboxKafka, opts: OutboxRelayOptions) {
+    this.#sql = sql;
+    this.#kafka = kafka;
+    this.#opts = opts;
+    this.#log = opts.log;
+  }
+
+  /** Starts shipping and purging in the background; never waits on Postgres or Kafka. */
+  start(): Promise<void> {
+    if (this.#started) throw new Error("outbox relay already started");
+    this.#started = true;
+    this.#shipping = this.#shipLoop();
+    this.#purging = this.#purgeLoop();
+    this.#log.info("outbox relay started", {
+      batch_size: this.#opts.batchSize,
+      poll_ms: this.#opts.pollMs,
+    });
+    return Promise.resolve();
+  }
+
+  /**
+   * Lets the batch in flight finish (abandoning it, rolled back, after
+   * `shutdownMs`), then closes the producer and the admin. Safe to call twice.
+   */
+  readonly stop: () => Promise<void> = once(async () => {
+    this.#abort.abort();
+    const loops = Promise.all([this.#shipping, this.#purging]);
+    const finished = await Promise.race([
+      loops.then(() => true),
+      delay(this.#opts.shutdownMs).then(() => false),
+    ]);
+    if (!finished) {
+      this.#log.warn("batch in flight did not finish in time, abandoning it", {
+        shutdown_ms: this.#opts.shutdownMs,
+      });
+      // Ends the pending send; its transaction rolls back and the rows stay pending.
+      await this.#dropProducer();
+    }
+    await loops;
+    await this.#dropProducer();
+    await this.#kafka.admin.close().catch(() => {});
+  });
+
+  async #shipLoop(): Promise<void> {
+    const signal = this.#abort.signal;
+    let attempt = 0;
+    while (!signal.aborted) {
+      let full: boolean;
+      try {
+        const batch = await this.#shipBatch();
+        full = batch.full;
+        this.#recovered(batch.published);
+        attempt = 0;
+      } catch (error) {
+        if (signal.aborted) break;
+        this.#failed(error);
+        const wait = backoffWithJitter(attempt++, RETRY_BASE_MS, this.#opts.retryMaxMs);
+        // The floor keeps a zero draw from turning into a busy loop.
+        await delay(Math.max(50, wait), signal);
+        continue;
+      }
+      // A full batch means more are probably waiting: go again at once.
+      if (!full) await delay(this.#opts.pollMs, signal);
+    }
+  }
+
+  /** Ships one batch: whether it was full, and whether anything was published. */
+  async #shipBatch(): Promise<{ full: boolean; published: boolean }> {
+    let failure: unknown;
+    let published = false;
+    const full = await this.#inPhase("database", () =>
+      this.#sql.begin(async (tx) => {
+        const events = await claimPendingEvents(tx, this.#opts.batchSize);
+        if (events.length === 0) return false;
+        try {
+          const shippable = await this.#ensureTopics(events);
+          const outgoing = shippable.map((event) => ({ event, message: toMessage(event) }));
+          for (const chunk of chunks(outgoing)) {
+            await this.#publish(chunk.map((o) => o.message));
+            // Only what the broker acknowledged is marked; a later chunk's
+            // failure leaves its rows (and everything after) pending.
+            await markPublished(tx, chunk.map((o) => o.event));
+            published = true;
+          }
+        } catch (error) {
+          // Kafka failed: commit what was acknowledged, then report. A
+          // database error instead rolls the whole batch back (what was sent
+          // goes again: at least once).
+          if (!(error instanceof PhaseError && error.phase === "kafka")) throw error;
+          failure = error;
+        }
+        this.#log.debug("batch shipped", { events: events.length, published });
+        return events.length >= this.#opts.batchSize;
+      }));
+    if (failure !== undefined) throw failure;
+    return { full, published };
+  }
+
+  /** Declares the events topic of every tenant not seen yet; returns the events that may be sent. */
+  async #ensureTopics(events: PendingEvent[]): Promise<PendingEvent[]> {
+    const tenants = new Set(events.map((e) => e.tenant_id));
+    for (const tenant of tenants) {
+      if (this.#ensured.has(tenant) || this.#invalidTenants.has(tenant)) continue;
+      let topic: string;
+      try {
+        topic = eventsTopic(tenant);
+      } catch (error) {
+        // Cannot be a topic name: leave its rows pending rather than fail every batch.
+        this.#invalidTenants.add(tenant);
+        this.#log.error("tenant id is not a valid topic name; its events stay pending", {
+          tenant,
+          error,
+        });
+        continue;
+      }
+      await this.#inPhase("kafka", () =>
+        this.#kafka.admin.createTopics([{
+          name: topic,
+          partitions: this.#opts.topics.partitions,
+          replicationFactor: this.#opts.topics.replicationFactor,
+          configs: { "retention.ms": String(this.#opts.topics.retentionMs) },
+        }]));
+      this.#ensured.add(tenant);
+    }
+    if (this.#invalidTenants.size === 0) return events;
+    return events.filter((e) => !this.#invalidTenants.has(e.tenant_id));
+  }
+
+  /** Sends `events` and resolves once the broker acknowledged all of them. */
+  async #publish(messages: ProduceMessage[]): Promise<void> {
+    const producer = this.#producer ??= this.#kafka.createProducer();
+    const started = performance.now();
+    const timeout = new AbortController();
+    try {
+      await this.#inPhase("kafka", () =>
+        Promise.race([
+          producer.send(messages),
+          delay(this.#opts.sendTimeoutMs, timeout.signal).then(() => {
+            if (!timeout.signal.aborted) {
+              throw new Error(`publish not acknowledged within ${this.#opts.sendTimeoutMs} ms`);
+            }
+          }),
+        ]));
+    } catch (error) {
+      // After a failed or abandoned send the producer's sequence state is
+      // unknown; a fresh producer (new producer id) starts clean.
+      if (this.#producer === producer) await this.#dropProducer();
+      // A topic deleted behind our back fails every send: declare again
+      // (idempotent, one request per tenant) on the next try.
+      this.#ensured.clear();
+      throw error;
+    } finally {
+      timeout.abort();
+    }
+    this.#opts.hooks?.onPublished(messages.length, (performance.now() - started) / 1000);
+  }
+
+  async #dropProducer(): Promise<void> {
+    const producer = this.#producer;
+    this.#producer = undefined;
+    if (!producer) return;
+    // Closing needs no broker, but don't let a wedged client hold up a stop.
+    await Promise.race([producer.close().catch(() => {}), delay(5000)]);
+  }
+
+  async #inPhase<T>(phase: Phase, fn: () => Promise<T>): Promise<T> {
+    try {
+      return await fn();
+    } catch (error) {
+      throw error instanceof PhaseError ? error : new PhaseError(phase, error);
+    }
+  }
+
+  // One line when an outage starts and one when it ends, not one per attempt.
+  #failed(error: unknown) {
+    const phase = error instanceof PhaseError ? error.phase : "database";
+    const cause = error instanceof PhaseError ? error.cause : error;
+    if (this.#outage?.phase === phase) {
+      this.#outage.attempts++;
+      this.#log.debug("outbox publish still failing", { phase, error: describe(cause) });
+      return;
+    }
+    this.#outage = { phase, since: Date.now(), attempts: 1 };
+    this.#log.warn(`${phase} unavailable, events wait in postgres; retrying with backoff`, {
+      phase,
+      error: describe(cause),
+    });
+  }
+
+  #recovered(published: boolean) {
+    if (!this.#outage) return;
+    // A batch with nothing to send proves Postgres answers, not that Kafka does.
+    if (this.#outage.phase === "kafka" && !published) return;
+    const { phase, since, attempts } = this.#outage;
+    this.#outage = undefined;
+    this.#log.info(`${phase} available again, shipping resumed`, {
+      phase,
+      down_ms: Date.now() - since,
+      attempts,
+    });
+  }
+
+  async #purgeLoop(): Promise<void> {
+    const signal = this.#abort.signal;
+    let failing = false;
+    while (!signal.aborted) {
+      try {
+        let total = 0;
+        for (let i = 0; i < MAX_PURGE_BATCHES && !signal.aborted; i++) {
+          const n = await purgePublished(
+            this.#sql,
+            this.#opts.retentionMs,
+            this.#opts.purgeBatchSize,
+          );
+          total += n;
+          if (n < this.#opts.purgeBatchSize) break;
+        }
+        if (total > 0) this.#log.info("purged published events", { count: total });
+        if (failing) this.#log.info("purge works again");
+        failing = false;
+      } catch (error) {
+        if (!failing) this.#log.warn("purge failed; retrying next interval", { error });
+        failing = true;
+      }
+      await delay(this.#opts.purgeIntervalMs, signal);
+    }
+  }
+}
+
+// The Kafka client wraps the telling error ("connect ECONNREFUSED …") in
+// generic ones ("Producing messages failed."); a log line should show both.
+function describe(error: unknown): string {
+  const messages: string[] = [];
+  let current: unknown = error;
+  for (let depth = 0; depth < 6 && current instanceof Error; depth++) {
+    if (current.message && !messages.includes(current.message)) messages.push(current.message);
+    const nested = (current as { errors?: unknown[] }).errors;
+    current = Array.isArray(nested) && nested.length > 0
+      ? nested[nested.length - 1]
+      : current.cause;
+  }
+  return messages.length > 0 ? messages.join(": ") : String(error);
+}
+
+const utf8 = new TextEncoder();
+
+/** The Kafka message of one event: keyed by run, so a run's events share a partition. */
+export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array } {
+  const headers: Record<string, string> = {
+    "content-type": "application/json",
+    "poimen-event-id": e.event_id,
+    "poimen-tenant-id": e.tenant_id,
+    "poimen-run-id": e.run_id,
+    "poimen-seq": String(e.seq),
+    "poimen-type": e.type,
+  };
+  if (e.goal_id !== null) headers["poimen-goal-id"] = e.goal_id;
+  if (e.dispatch_key !== null) headers["poimen-dispatch-key"] = e.dispatch_key;
+  return {
+    topic: eventsTopic(e.tenant_id),
+    key: `${e.tenant_id}/${e.run_id}`,
+    value: utf8.encode(JSON.stringify({
+      // Identity values stay far below 2^53; a number is what consumers expect.
+      event_id: Number(e.event_id),
+      tenant_id: e.tenant_id,
+      run_id: e.run_id,
+      seq: e.seq,
+      type: e.type,
+      goal_id: e.goal_id,
+      dispatch_key: e.dispatch_key,
+      payload: e.payload,
+      at: e.at.toISOString(),
+    })),
+    headers,
+  };
+}
+
+/**
+ * Splits a batch into sends of at most about CHUNK_BYTES. They are sent one
+ * after another, each acknowledged before the next, so a run cut in two
+ * still arrives in seq order.
+ */
+function chunks(items: Outgoing[]): Outgoing[][] {
+  const out: Outgoing[][] = [];
+  let current: Outgoing[] = [];
+  let bytes = 0;
+  for (const item of items) {
+    // Key, headers and record overhead are a few hundred bytes; the value dominates.
+    const size = 300 + item.message.value.byteLength;
+    if (current.length > 0 && bytes + size > CHUNK_BYTES) {
+      out.push(current);
+      current = [];
+      bytes = 0;
+    }
+    current.push(item);
+    bytes += size;
+  }
+  if (current.length > 0) out.push(current);
+  return out;
+}

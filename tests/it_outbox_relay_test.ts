@@ -1,0 +1,504 @@
+/**
+ * The outbox relay end to end: real Postgres, the real development broker
+ * and real `main.ts outbox` processes. Each test has its own database and
+ * its own tenant (hence its own topic) and reads with a fresh consumer group
+ * from the earliest offset.
+ *
+ *   deno test -A tests/it_outbox_relay_test.ts
+ */
+import assert from "node:assert/strict";
+import { brokerAddress, startBroker, stopBroker } from "../dev/kafka.ts";
+import { Admission } from "../admission/admit.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { insertTenant } from "../db/auth.ts";
+import type { Sql } from "../db/pool.ts";
+import { claimPendingEvents, markPublished } from "../db/outbox.ts";
+import { OutboxRelay } from "../outbox/relay.ts";
+import { silentLogger } from "../core/log.ts";
+import {
+  type ConsumedMessage,
+  createAdmin,
+  createConsumer,
+  createProducer,
+  eventsTopic,
+  type KafkaConsumer,
+} from "../relay/kafka.ts";
+import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
+import {
+  freePort,
+  permissions,
+  PoimenProcess,
+  runCommand,
+  sampleValue,
+} from "./support/processes.ts";
+
+const BROKERS = brokerAddress();
+// The Kafka client keeps sockets and retry timers past close() for a moment;
+// the sanitizers would flag those, not anything these tests do.
+const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
+
+await startBroker();
+
+function newTenant(): string {
+  return `ob-${crypto.randomUUID().slice(0, 8)}`;
+}
+
+interface EventRow {
+  tenant_id: string;
+  run_id: string;
+  seq: number;
+  event_id: string;
+  type: string;
+  goal_id: string | null;
+  dispatch_key: string | null;
+  payload: unknown;
+  at: Date;
+  published_at: Date | null;
+}
+
+async function events(sql: Sql, tenant: string): Promise<EventRow[]> {
+  return await sql<EventRow[]>`
+    select tenant_id, run_id, seq, event_id, type, goal_id, dispatch_key, payload, at, published_at
+      from work_events where tenant_id = ${tenant} order by run_id, seq`;
+}
+
+async function pendingCount(sql: Sql, tenant: string): Promise<number> {
+  const [row] = await sql<{ n: number }[]>`
+    select count(*)::int as n from work_events where tenant_id = ${tenant} and published_at is null`;
+  return row.n;
+}
+
+/** Admits `n` echo runs for `tenant`; returns their run ids in admission order. */
+async function admitRuns(
+  sql: Sql,
+  tenant: string,
+  n: number,
+  extra: (i: number) => { goal_id?: string; dispatch_key?: string } = () => ({}),
+): Promise<string[]> {
+  const admission = new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 });
+  const results = await Promise.all(
+    Array.from({ length: n }, (_, i) =>
+      admission.admit(
+        { workflow_ref: "echo", input: { i }, ...extra(i) },
+        { tenantId: tenant, source: "test", entry: "http" },
+      )),
+  );
+  return results.map((r) => r.run.run_id);
+}
+
+/**
+ * Appends events seq `from`..`to` to each run, as the worker would (without
+ * the worker); a run's events get adjacent event ids, so batches cut runs.
+ */
+async function appendEvents(sql: Sql, tenant: string, runIds: string[], from: number, to: number) {
+  await sql`
+    insert into work_events (tenant_id, run_id, seq, type, goal_id, dispatch_key, payload)
+    select r.tenant_id, r.run_id, s.seq, 'run.step', r.goal_id, r.dispatch_key,
+           jsonb_build_object('step', s.seq)
+      from runs r
+     cross join generate_series(${from}::int, ${to}::int) as s(seq)
+     where r.tenant_id = ${tenant} and r.run_id = any(${runIds}::uuid[])
+     order by r.run_id, s.seq`;
+}
+
+/** A consumer of `topic` from the earliest offset, in a group of its own, collecting in the background. */
+function consume(topic: string): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
+  const consumer = createConsumer({
+    brokers: [BROKERS],
+    clientId: "poimen-test",
+    groupId: `outbox-test-${crypto.randomUUID()}`,
+    topics: [topic],
+    startFrom: "earliest",
+  });
+  const got: ConsumedMessage[] = [];
+  void (async () => {
+    for await (const m of consumer) got.push(m);
+  })();
+  return { got, consumer };
+}
+
+function valueOf(m: ConsumedMessage): Record<string, unknown> {
+  return JSON.parse(new TextDecoder().decode(m.value));
+}
+
+/** Asserts every (run, seq) arrived exactly once and each run's events in seq order. */
+function assertOncePerRunInOrder(got: ConsumedMessage[], expected: number) {
+  const seen = new Map<string, number[]>();
+  for (const m of got) {
+    const runId = m.headers["poimen-run-id"];
+    const list = seen.get(runId) ?? [];
+    list.push(Number(m.headers["poimen-seq"]));
+    seen.set(runId, list);
+  }
+  let total = 0;
+  for (const [runId, seqs] of seen) {
+    const inOrder = seqs.every((s, i) => s === i + 1);
+    assert.ok(inOrder, `run ${runId} arrived as seq ${seqs.join(",")}`);
+    total += seqs.length;
+  }
+  assert.equal(total, expected);
+}
+
+function outbox(db: TestDatabase, env: Record<string, string> = {}): PoimenProcess {
+  return new PoimenProcess("outbox", {
+    DATABASE_URL: db.url,
+    KAFKA_BROKERS: BROKERS,
+    LOG_LEVEL: "info",
+    TOPIC_PARTITIONS: "3",
+    ...env,
+  });
+}
+
+async function stopAll(procs: PoimenProcess[]) {
+  const statuses = await Promise.all(procs.map((p) => p.stop()));
+  for (const [i, s] of statuses.entries()) {
+    assert.equal(s.code, 0, `outbox ${i} exited ${s.code}:\n${procs[i].logs().join("\n")}`);
+  }
+}
+
+Deno.test({
+  name: "outbox_relay: events arrive in seq order per run with key, value and headers",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const port = freePort();
+    let proc: PoimenProcess | undefined;
+    let consumer: KafkaConsumer | undefined;
+    try {
+      await insertTenant(db.sql, tenant);
+      const runIds = await admitRuns(
+        db.sql,
+        tenant,
+        6,
+        (i) => i % 2 === 0 ? { goal_id: `goal-${i}`, dispatch_key: `key-${i}` } : {},
+      );
+      await appendEvents(db.sql, tenant, runIds, 2, 4);
+      const rows = await events(db.sql, tenant);
+      assert.equal(rows.length, 24);
+
+      proc = outbox(db, { OUTBOX_METRICS_PORT: String(port) });
+      await waitFor("all events published", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return (await pendingCount(db.sql, tenant)) === 0;
+      });
+
+      const topic = eventsTopic(tenant);
+      const c = consume(topic);
+      consumer = c.consumer;
+      await waitFor("24 messages consumed", () => c.got.length >= 24);
+      assertOncePerRunInOrder(c.got, 24);
+
+      const byKey = new Map(rows.map((r) => [`${r.run_id}/${r.seq}`, r]));
+      for (const m of c.got) {
+        const v = valueOf(m);
+        const row = byKey.get(`${v.run_id}/${v.seq}`);
+        assert.ok(row, `unexpected event ${JSON.stringify(v)}`);
+        assert.equal(m.topic, topic);
+        assert.equal(m.key, `${tenant}/${row.run_id}`);
+        assert.deepEqual(v, {
+          event_id: Number(row.event_id),
+          tenant_id: tenant,
+          run_id: row.run_id,
+          seq: row.seq,
+          type: row.type,
+          goal_id: row.goal_id,
+          dispatch_key: row.dispatch_key,
+          payload: row.payload,
+          at: row.at.toISOString(),
+        });
+        assert.equal(m.headers["poimen-event-id"], row.event_id);
+        assert.equal(m.headers["poimen-run-id"], row.run_id);
+        assert.equal(m.headers["poimen-seq"], String(row.seq));
+        assert.equal(m.headers["poimen-type"], row.type);
+        assert.equal(m.headers["poimen-tenant-id"], tenant);
+        assert.equal(m.headers["poimen-goal-id"], row.goal_id ?? undefined);
+        assert.equal(m.headers["poimen-dispatch-key"], row.dispatch_key ?? undefined);
+      }
+      // One key, one partition: all of a run's events share it.
+      const partitions = new Map<string, Set<number>>();
+      for (const m of c.got) {
+        partitions.set(m.key, (partitions.get(m.key) ?? new Set()).add(m.partition));
+      }
+      for (const [key, set] of partitions) assert.equal(set.size, 1, `${key} spans partitions`);
+      assert.equal(
+        (await events(db.sql, tenant)).filter((r) => r.published_at === null).length,
+        0,
+      );
+
+      const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      assert.equal(sampleValue(text, "poimen_outbox_events_shipped_total", {}), 24);
+      assert.equal(sampleValue(text, "poimen_outbox_pending_events", {}), 0);
+      assert.equal(sampleValue(text, "poimen_outbox_oldest_pending_age_seconds", {}), 0);
+      assert.ok(sampleValue(text, "poimen_outbox_publish_duration_seconds_count", {}) >= 1);
+      const health = await fetch(`http://127.0.0.1:${port}/healthz`);
+      await health.body?.cancel();
+      assert.equal(health.status, 200);
+
+      const status = await proc.stop();
+      assert.equal(status.code, 0, proc.logs().join("\n"));
+    } finally {
+      await consumer?.close();
+      await proc?.stop();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test("outbox_relay: a run is left out of a batch while another claim holds an earlier seq", async () => {
+  const db = await freshDatabase();
+  const tenant = newTenant();
+  try {
+    await insertTenant(db.sql, tenant);
+    const [held, free] = await admitRuns(db.sql, tenant, 2);
+    await appendEvents(db.sql, tenant, [held], 2, 4);
+    await db.sql.begin(async (a) => {
+      // Process A: the oldest event only, i.e. seq 1 of `held`.
+      const first = await claimPendingEvents(a, 1);
+      assert.deepEqual(first.map((e) => [e.run_id, e.seq]), [[held, 1]]);
+      // Process B, meanwhile: seq 2-4 of `held` must wait for seq 1; `free` may go.
+      await db.sql.begin(async (b) => {
+        const got = await claimPendingEvents(b, 100);
+        assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[free, 1]]);
+        await markPublished(b, got);
+      });
+      await markPublished(a, first);
+    });
+    // Once seq 1 is published, the rest of the run is shippable, in order.
+    await db.sql.begin(async (b) => {
+      const got = await claimPendingEvents(b, 100);
+      assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[held, 2], [held, 3], [held, 4]]);
+      // And a third claim, while these are held, gets nothing of that run.
+      await db.sql.begin(async (c) => {
+        assert.equal((await claimPendingEvents(c, 100)).length, 0);
+      });
+    });
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test({
+  name: "outbox_relay: two processes ship 300 events of 60 runs once each, in order per run",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const topic = eventsTopic(tenant);
+    const procs: PoimenProcess[] = [];
+    let consumer: KafkaConsumer | undefined;
+    const admin = createAdmin({ brokers: [BROKERS], clientId: "poimen-test" });
+    try {
+      await insertTenant(db.sql, tenant);
+      const runIds = await admitRuns(db.sql, tenant, 60);
+      await appendEvents(db.sql, tenant, runIds, 2, 3);
+      // Batches of 7 cut through runs of 3-5 pending events, so the two
+      // processes keep claiming different parts of one run: exactly where
+      // per-run order could break.
+      const env = { OUTBOX_BATCH_SIZE: "7", OUTBOX_POLL_MS: "5", LOG_LEVEL: "warn" };
+      procs.push(outbox(db, env), outbox(db, env));
+      // More events land while the first ones are being shipped.
+      await waitFor("shipping under way", async () => {
+        for (const p of procs) if (p.exited) throw new Error(p.logs().join("\n"));
+        return (await pendingCount(db.sql, tenant)) < 180;
+      });
+      await appendEvents(db.sql, tenant, runIds, 4, 5);
+      await waitFor("all 300 events published", async () => {
+        for (const p of procs) if (p.exited) throw new Error(p.logs().join("\n"));
+        return (await pendingCount(db.sql, tenant)) === 0;
+      });
+      assert.equal((await events(db.sql, tenant)).length, 300);
+
+      const c = consume(topic);
+      consumer = c.consumer;
+      await waitFor("300 messages consumed", () => c.got.length >= 300);
+      assertOncePerRunInOrder(c.got, 300);
+      // Nothing shipped twice: the topic holds exactly 300 records in all.
+      const ends = await admin.endOffsets([topic]);
+      assert.equal(ends.reduce((sum, o) => sum + o.offset, 0n), 300n);
+
+      await stopAll(procs);
+    } finally {
+      await consumer?.close();
+      await Promise.all(procs.map((p) => p.stop()));
+      await admin.close();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name: "outbox_relay: broker down, events wait in postgres and are all shipped when it returns",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const topic = eventsTopic(tenant);
+    let proc: PoimenProcess | undefined;
+    let consumer: KafkaConsumer | undefined;
+    try {
+      await insertTenant(db.sql, tenant);
+      proc = outbox(db, { OUTBOX_RETRY_MAX_MS: "1000" });
+      const before = await admitRuns(db.sql, tenant, 10);
+      await waitFor("first events published", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return (await pendingCount(db.sql, tenant)) === 0;
+      });
+
+      let after: string[] = [];
+      try {
+        await stopBroker();
+        // Admission needs Postgres only: it keeps working.
+        after = await admitRuns(db.sql, tenant, 20);
+        await appendEvents(db.sql, tenant, after, 2, 3);
+        await waitFor("the outage noticed", () => {
+          if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+          return proc!.logs().some((l) => l.includes('"msg":"kafka unavailable'));
+        }, 60_000);
+        assert.equal(await pendingCount(db.sql, tenant), 60);
+        const waiting = (await events(db.sql, tenant)).filter((r) => after.includes(r.run_id));
+        assert.ok(waiting.every((r) => r.published_at === null));
+      } finally {
+        await startBroker();
+      }
+
+      await waitFor("every event shipped after the broker returned", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return (await pendingCount(db.sql, tenant)) === 0;
+      }, 120_000);
+      const c = consume(topic);
+      consumer = c.consumer;
+      const expected = before.length + after.length * 3;
+      const distinct = () =>
+        new Set(c.got.map((m) => `${m.headers["poimen-run-id"]}/${m.headers["poimen-seq"]}`));
+      await waitFor(
+        `${expected} distinct events consumed`,
+        () => distinct().size >= expected,
+        60_000,
+      );
+      assert.equal(distinct().size, expected);
+      for (const runId of [...before, ...after]) {
+        const seqs = [...distinct()].filter((k) => k.startsWith(`${runId}/`)).length;
+        assert.equal(seqs, before.includes(runId) ? 1 : 3, `run ${runId}`);
+      }
+      // One warning for the outage, not one per retry.
+      const warnings = proc.logs().filter((l) => l.includes('"msg":"kafka unavailable'));
+      assert.equal(warnings.length, 1, warnings.join("\n"));
+
+      const status = await proc.stop();
+      assert.equal(status.code, 0, proc.logs().join("\n"));
+    } finally {
+      await consumer?.close();
+      await proc?.stop();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name: "outbox_relay: published rows past retention are purged, pending ones never",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    let proc: PoimenProcess | undefined;
+    try {
+      await insertTenant(db.sql, tenant);
+      const runIds = await admitRuns(db.sql, tenant, 6);
+      const [oldA, oldB, oldC, recent, ...pending] = runIds;
+      await db.sql`
+        update work_events set published_at = now() - interval '2 hours'
+         where tenant_id = ${tenant} and run_id = any(${[oldA, oldB, oldC]}::uuid[])`;
+      await db.sql`
+        update work_events set published_at = now() - interval '10 minutes'
+         where tenant_id = ${tenant} and run_id = ${recent}`;
+      // Pending for days: old, but never published, so never purged.
+      await db.sql`
+        update work_events set at = now() - interval '3 days'
+         where tenant_id = ${tenant} and run_id = any(${pending}::uuid[])`;
+
+      // No broker answers on this port: pending rows stay pending for the whole test.
+      proc = outbox(db, {
+        KAFKA_BROKERS: `127.0.0.1:${freePort()}`,
+        OUTBOX_RETENTION_MS: String(60 * 60 * 1000),
+        OUTBOX_PURGE_INTERVAL_MS: "50",
+        OUTBOX_PURGE_BATCH_SIZE: "2",
+      });
+      await waitFor("old published rows purged", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return (await events(db.sql, tenant)).length === 3;
+      });
+      let left = await events(db.sql, tenant);
+      assert.deepEqual(left.map((r) => r.run_id).sort(), [recent, ...pending].sort());
+
+      // Later rounds go on purging what ages past retention, and still leave pending rows.
+      await db.sql`
+        update work_events set published_at = now() - interval '61 minutes'
+         where tenant_id = ${tenant} and run_id = ${recent}`;
+      await waitFor("the aged row purged by a later round", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return (await events(db.sql, tenant)).length === 2;
+      });
+      left = await events(db.sql, tenant);
+      assert.deepEqual(left.map((r) => r.run_id).sort(), [...pending].sort());
+      assert.ok(left.every((r) => r.published_at === null));
+      const status = await proc.stop();
+      assert.equal(status.code, 0, proc.logs().join("\n"));
+    } finally {
+      await proc?.stop();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name: "outbox_relay: the relay ships in-process and stopping it twice is safe",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const client = { brokers: [BROKERS], clientId: "poimen-test" };
+    const relay = new OutboxRelay(db.sql, {
+      createProducer: () => createProducer({ ...client, retries: 5 }),
+      admin: createAdmin(client),
+    }, {
+      batchSize: 500,
+      pollMs: 20,
+      retentionMs: 60_000,
+      purgeIntervalMs: 60_000,
+      purgeBatchSize: 100,
+      sendTimeoutMs: 30_000,
+      retryMaxMs: 1000,
+      shutdownMs: 5000,
+      topics: { partitions: 1, replicationFactor: 1, retentionMs: 60_000 },
+      log: silentLogger,
+    });
+    try {
+      await insertTenant(db.sql, tenant);
+      await relay.start();
+      await admitRuns(db.sql, tenant, 3);
+      await waitFor("events published", async () => (await pendingCount(db.sql, tenant)) === 0);
+      await Promise.all([relay.stop(), relay.stop()]);
+      await relay.stop();
+      // Stopped: new events stay pending.
+      await admitRuns(db.sql, tenant, 1);
+      assert.equal(await pendingCount(db.sql, tenant), 1);
+    } finally {
+      await relay.stop();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test("outbox_relay: a bad KAFKA_BROKERS is one line naming it and exit code 2", async () => {
+  const { code, stderr } = await runCommand(
+    "outbox",
+    [],
+    { KAFKA_BROKERS: "not a broker list", DATABASE_URL: "postgres://postgres@127.0.0.1:1/none" },
+    permissions("outbox"),
+  );
+  assert.equal(code, 2);
+  const lines = stderr.trim().split("\n");
+  assert.equal(lines.length, 1, stderr);
+  assert.match(lines[0], /KAFKA_BROKERS/);
+});
