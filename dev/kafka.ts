@@ -413,6 +413,12 @@ async function main(command: string | undefined): Promise<number> {
         say(`kafka running (pid ${pid}) on ${brokerAddress(opts)}`);
         return 0;
       }
+      // A broker this script did not start (compose, another checkout) still
+      // serves clients: report it as running, but not ours to stop.
+      if (await brokerAnswers(brokerAddress(opts))) {
+        say(`kafka running (not managed here) on ${brokerAddress(opts)}`);
+        return 0;
+      }
       say("kafka stopped");
       return 3;
     }

@@ -10,8 +10,21 @@ export const relayEnvSchema = z.object({
   /** Base URL of the poimen API every dispatch message is posted to. */
   API_URL: z.string().url().default("http://127.0.0.1:8080"),
   /** A service token (`deno task token --service relay`); no default: the relay is useless without it. */
-  RELAY_TOKEN: z.string().min(1, "a service token is required"),
+  RELAY_TOKEN: z.string({ error: "a service token is required (deno task token --service relay)" })
+    .min(1),
   RELAY_GROUP_ID: z.string().min(1).default("poimen-inbox-relay"),
+  /**
+   * Only tenants whose id this regular expression matches (default: every
+   * tenant); lets several relay groups split the tenants between them.
+   */
+  RELAY_TENANT_PATTERN: z.string().min(1).default(".*").refine((p) => {
+    try {
+      new RegExp(p);
+      return true;
+    } catch {
+      return false;
+    }
+  }, "not a valid regular expression"),
   /** How often the broker's topic list is re-read, so new tenants are picked up. */
   RELAY_TOPIC_REFRESH_MS: z.coerce.number().int().min(100).default(5 * SECOND),
   /** API calls in flight at once per partition (commits stay in offset order). */

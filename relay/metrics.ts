@@ -1,0 +1,92 @@
+/**
+ * The inbox relay's Prometheus metrics, on a registry of its own (never
+ * prom-client's global one), and the small server exposing them.
+ */
+import client from "prom-client";
+import type { Logger } from "../core/log.ts";
+
+/** The relay's metrics. */
+export type RelayMetrics = ReturnType<typeof createRelayMetrics>;
+
+/** Creates the relay's metrics on `registry`. */
+export function createRelayMetrics(registry: client.Registry) {
+  const registers = [registry];
+  return {
+    registry,
+    lagMessages: new client.Gauge({
+      name: "poimen_inbox_lag_messages",
+      help:
+        "Dispatch messages not yet committed by the relay's group: end offset - committed offset",
+      labelNames: ["topic", "partition"] as const,
+      registers,
+    }),
+    lagSeconds: new client.Gauge({
+      name: "poimen_inbox_lag_seconds",
+      help: "Age of the oldest dispatch message not yet done (0 when caught up)",
+      labelNames: ["topic", "partition"] as const,
+      registers,
+    }),
+    messages: new client.Counter({
+      name: "poimen_inbox_messages_total",
+      help: "Dispatch messages finished, by outcome: created, replayed, dead_lettered",
+      labelNames: ["outcome"] as const,
+      registers,
+    }),
+    retries: new client.Counter({
+      name: "poimen_inbox_retries_total",
+      help: "Retried attempts, by reason (network, timeout, auth, unavailable, server_error, " +
+        "rate_limited, request_timeout, unexpected_status, dead_letter_write)",
+      labelNames: ["reason"] as const,
+      registers,
+    }),
+    apiDuration: new client.Histogram({
+      name: "poimen_inbox_api_call_duration_seconds",
+      help: "Duration of one POST /v1/runs call by the relay, by result kind",
+      labelNames: ["result"] as const,
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
+      registers,
+    }),
+    inFlight: new client.Gauge({
+      name: "poimen_inbox_in_flight",
+      help: "Dispatch messages fetched and not yet done",
+      registers,
+    }),
+    commits: new client.Counter({
+      name: "poimen_inbox_commits_total",
+      help: "Offset commits acknowledged by the broker",
+      registers,
+    }),
+  };
+}
+
+/**
+ * Serves `/metrics` and `/healthz` on `port` (0: a free one); resolves once
+ * listening, with the server and the port it got.
+ */
+export async function serveMetrics(
+  registry: client.Registry,
+  hostname: string,
+  port: number,
+  log: Logger,
+  health: () => Record<string, unknown> = () => ({}),
+): Promise<{ server: Deno.HttpServer; port: number }> {
+  const listening = Promise.withResolvers<number>();
+  const server = Deno.serve({
+    hostname,
+    port,
+    onListen: (addr) => {
+      log.info("metrics listening", { url: `http://${addr.hostname}:${addr.port}/metrics` });
+      listening.resolve(addr.port);
+    },
+  }, async (req) => {
+    const path = new URL(req.url).pathname;
+    if (path === "/metrics") {
+      return new Response(await registry.metrics(), {
+        headers: { "content-type": registry.contentType },
+      });
+    }
+    if (path === "/healthz") return Response.json({ status: "ok", ...health() });
+    return new Response("not found\n", { status: 404 });
+  });
+  return { server, port: await listening.promise };
+}

@@ -1,0 +1,89 @@
+/**
+ * In-order offset tracking for one partition. Messages are handed out in
+ * offset order but finish in any order (several API calls are in flight per
+ * partition); the committable offset only moves past a message once it and
+ * every message before it are done, so a crash never skips an unfinished one.
+ *
+ * Offsets follow Kafka's convention: the committable offset is the NEXT offset
+ * to read (last done offset + 1). Gaps in offsets (compaction, transaction
+ * markers) are fine: only offsets actually added are waited for.
+ */
+
+interface Entry {
+  offset: bigint;
+  /** The message's timestamp (ms since the epoch), for lag in seconds. */
+  timestamp: number;
+  done: boolean;
+}
+
+/** Tracks one partition's messages from fetch to done; not thread-safe (no need in JS). */
+export class OffsetTracker {
+  // A queue in offset order with a moving head: shift() on a large array is O(n).
+  #entries: Entry[] = [];
+  #head = 0;
+  #byOffset = new Map<bigint, Entry>();
+  #last: bigint | undefined;
+  #committable: bigint | undefined;
+  #committed: bigint | undefined;
+
+  /** Records a fetched message; offsets must increase (throws otherwise). */
+  add(offset: bigint, timestamp: number): void {
+    if (this.#last !== undefined && offset <= this.#last) {
+      throw new RangeError(`offset ${offset} is not after ${this.#last}`);
+    }
+    const entry = { offset, timestamp, done: false };
+    this.#entries.push(entry);
+    this.#byOffset.set(offset, entry);
+    this.#last = offset;
+  }
+
+  /** Marks a message done (admitted or dead-lettered); unknown offsets are ignored. */
+  complete(offset: bigint): void {
+    const entry = this.#byOffset.get(offset);
+    if (!entry || entry.done) return;
+    entry.done = true;
+    this.#byOffset.delete(offset);
+    while (this.#head < this.#entries.length && this.#entries[this.#head].done) {
+      this.#committable = this.#entries[this.#head].offset + 1n;
+      this.#head++;
+    }
+    if (this.#head > 1024 && this.#head * 2 > this.#entries.length) {
+      this.#entries = this.#entries.slice(this.#head);
+      this.#head = 0;
+    }
+  }
+
+  /** The next offset to read once everything done so far is committed; undefined before any. */
+  get committable(): bigint | undefined {
+    return this.#committable;
+  }
+
+  /** The offset to commit now, or undefined when nothing new is committable. */
+  toCommit(): bigint | undefined {
+    const c = this.#committable;
+    if (c === undefined || (this.#committed !== undefined && c <= this.#committed)) {
+      return undefined;
+    }
+    return c;
+  }
+
+  /** Records that `offset` was committed (acknowledged by the broker). */
+  committed(offset: bigint): void {
+    if (this.#committed === undefined || offset > this.#committed) this.#committed = offset;
+  }
+
+  /** Messages added and not yet done. */
+  get pending(): number {
+    return this.#byOffset.size;
+  }
+
+  /** Timestamp of the oldest message not yet done, or undefined when all are done. */
+  oldestPendingTimestamp(): number | undefined {
+    return this.#head < this.#entries.length ? this.#entries[this.#head].timestamp : undefined;
+  }
+
+  /** The highest offset added so far. */
+  get last(): bigint | undefined {
+    return this.#last;
+  }
+}

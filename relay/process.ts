@@ -1,0 +1,99 @@
+/**
+ * `deno task relay`: the inbox relay process. Its own failure domain: it
+ * talks to Kafka and to the API over HTTP, never to Postgres (this module
+ * graph holds no db/ or api/ code), and outlives outages of either with
+ * retries. Stops gracefully on SIGTERM/SIGINT.
+ */
+import client from "prom-client";
+import { brokerList, processEnv } from "../core/config.ts";
+import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
+import { createLogger } from "../core/log.ts";
+import { ApiClient } from "./api_client.ts";
+import { readRelayConfig, type RelayConfig } from "./config.ts";
+import { InboxRelay } from "./inbox.ts";
+import { createAdmin, createConsumer, createProducer } from "./kafka.ts";
+import { createRelayMetrics, serveMetrics } from "./metrics.ts";
+import { DISPATCH_TOPIC_PATTERN } from "./topics.ts";
+
+/** Runs the relay until a signal; returns the exit code. */
+export async function main(_args: string[]): Promise<number> {
+  const config = readRelayConfig(processEnv());
+  const log = createLogger("relay", config.LOG_LEVEL);
+  await runUntilSignal(relayProcess(config, log), log);
+  return 0;
+}
+
+function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>): Service {
+  const registry = new client.Registry();
+  const metrics = createRelayMetrics(registry);
+  const kafka = {
+    brokers: brokerList(config.KAFKA_BROKERS),
+    clientId: `${config.KAFKA_CLIENT_ID}-relay`,
+    logger: log,
+  };
+  const tenants = new RegExp(`^(?:${config.RELAY_TENANT_PATTERN})$`);
+  const isDispatchTopic = (topic: string) => {
+    const tenant = DISPATCH_TOPIC_PATTERN.exec(topic)?.[1];
+    return tenant !== undefined && tenants.test(tenant);
+  };
+  let relay: InboxRelay | undefined;
+  let server: Deno.HttpServer | undefined;
+  return {
+    async start() {
+      // Metrics first: lag must be visible while Kafka or the API is still away.
+      const served = await serveMetrics(
+        registry,
+        config.RELAY_METRICS_HOST,
+        config.RELAY_METRICS_PORT,
+        log,
+        () => ({ pending: relay?.pending ?? 0 }),
+      );
+      server = served.server;
+      const admin = createAdmin({ ...kafka, clientId: `${kafka.clientId}-admin` });
+      relay = new InboxRelay({
+        groupId: config.RELAY_GROUP_ID,
+        isDispatchTopic,
+        maxInFlight: config.RELAY_MAX_IN_FLIGHT,
+        maxPending: config.RELAY_MAX_PENDING,
+        commitIntervalMs: config.RELAY_COMMIT_INTERVAL_MS,
+        commitBatch: config.RELAY_COMMIT_BATCH,
+        backoffBaseMs: config.RELAY_BACKOFF_BASE_MS,
+        backoffCapMs: config.RELAY_BACKOFF_CAP_MS,
+        lagIntervalMs: config.RELAY_LAG_INTERVAL_MS,
+        shutdownMs: config.RELAY_SHUTDOWN_MS,
+      }, {
+        consumer: createConsumer({
+          ...kafka,
+          groupId: config.RELAY_GROUP_ID,
+          // Re-read every refresh: a new tenant's topic is picked up without a restart.
+          topics: async () => (await admin.listTopics()).filter(isDispatchTopic),
+          topicRefreshMs: config.RELAY_TOPIC_REFRESH_MS,
+          startFrom: "earliest",
+          // Enough to keep every partition's calls busy while the next fetch runs.
+          maxBuffered: Math.min(config.RELAY_MAX_PENDING, 5000),
+          sessionTimeoutMs: config.RELAY_SESSION_TIMEOUT_MS,
+          heartbeatIntervalMs: Math.floor(config.RELAY_SESSION_TIMEOUT_MS / 10),
+        }),
+        producer: createProducer(kafka),
+        admin,
+        api: new ApiClient({
+          apiUrl: config.API_URL,
+          token: config.RELAY_TOKEN,
+          timeoutMs: config.RELAY_API_TIMEOUT_MS,
+        }),
+        metrics,
+        log,
+      });
+      await relay.start();
+      log.info("relay started", {
+        api: config.API_URL,
+        brokers: config.KAFKA_BROKERS,
+        group: config.RELAY_GROUP_ID,
+      });
+    },
+    stop: once(async () => {
+      await relay?.stop();
+      await server?.shutdown();
+    }),
+  };
+}

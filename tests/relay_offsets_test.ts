@@ -1,0 +1,314 @@
+/**
+ * The relay's pure parts, without Kafka or an API: the in-order offset
+ * tracker, the classification of API answers, Retry-After, dead-letter
+ * headers and the configuration.
+ */
+import assert from "node:assert/strict";
+import { OffsetTracker } from "../relay/offsets.ts";
+import {
+  ApiClient,
+  classifyStatus,
+  MAX_RETRY_AFTER_MS,
+  notJson,
+  parseRetryAfter,
+  problemSummary,
+} from "../relay/api_client.ts";
+import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
+import { readRelayConfig } from "../relay/config.ts";
+import { ConfigError } from "../core/errors.ts";
+import type { ConsumedMessage } from "../relay/kafka.ts";
+
+Deno.test("relay offsets: nothing committable until the first message is done", () => {
+  const t = new OffsetTracker();
+  assert.equal(t.committable, undefined);
+  assert.equal(t.toCommit(), undefined);
+  t.add(5n, 1000);
+  assert.equal(t.toCommit(), undefined);
+  assert.equal(t.pending, 1);
+  assert.equal(t.oldestPendingTimestamp(), 1000);
+  t.complete(5n);
+  assert.equal(t.toCommit(), 6n);
+  assert.equal(t.pending, 0);
+  assert.equal(t.oldestPendingTimestamp(), undefined);
+});
+
+Deno.test("relay offsets: out-of-order completion commits only the contiguous prefix", () => {
+  const t = new OffsetTracker();
+  for (let o = 0n; o < 5n; o++) t.add(o, 100 + Number(o));
+  t.complete(1n);
+  t.complete(3n);
+  assert.equal(t.toCommit(), undefined, "offset 0 is not done: nothing to commit");
+  assert.equal(t.oldestPendingTimestamp(), 100);
+  t.complete(0n);
+  assert.equal(t.toCommit(), 2n, "0 and 1 done; 2 is not");
+  assert.equal(t.oldestPendingTimestamp(), 102);
+  t.committed(2n);
+  assert.equal(t.toCommit(), undefined, "already committed");
+  t.complete(2n);
+  assert.equal(t.toCommit(), 4n, "2 and the earlier 3");
+  t.complete(4n);
+  assert.equal(t.toCommit(), 5n);
+  assert.equal(t.pending, 0);
+});
+
+Deno.test("relay offsets: gaps in offsets (compaction, markers) are not waited for", () => {
+  const t = new OffsetTracker();
+  t.add(10n, 1);
+  t.add(13n, 2);
+  t.add(20n, 3);
+  t.complete(13n);
+  t.complete(10n);
+  assert.equal(t.toCommit(), 14n);
+  t.complete(20n);
+  assert.equal(t.toCommit(), 21n);
+});
+
+Deno.test("relay offsets: completing twice or an unknown offset changes nothing", () => {
+  const t = new OffsetTracker();
+  t.add(0n, 1);
+  t.add(1n, 2);
+  t.complete(7n);
+  t.complete(1n);
+  t.complete(1n);
+  assert.equal(t.toCommit(), undefined);
+  assert.equal(t.pending, 1);
+  t.complete(0n);
+  assert.equal(t.toCommit(), 2n);
+});
+
+Deno.test("relay offsets: offsets must increase", () => {
+  const t = new OffsetTracker();
+  t.add(3n, 1);
+  assert.throws(() => t.add(3n, 1), RangeError);
+  assert.throws(() => t.add(2n, 1), RangeError);
+  assert.equal(t.last, 3n);
+});
+
+Deno.test("relay offsets: a committed offset never goes back", () => {
+  const t = new OffsetTracker();
+  t.add(0n, 1);
+  t.complete(0n);
+  t.committed(1n);
+  t.committed(0n);
+  assert.equal(t.toCommit(), undefined);
+});
+
+Deno.test("relay offsets: many messages finishing in random order", () => {
+  const t = new OffsetTracker();
+  const n = 5000;
+  for (let o = 0; o < n; o++) t.add(BigInt(o), o);
+  const order = Array.from({ length: n }, (_, i) => i);
+  for (let i = n - 1; i > 0; i--) {
+    const j = Math.floor(Math.random() * (i + 1));
+    [order[i], order[j]] = [order[j], order[i]];
+  }
+  const done = new Set<number>();
+  for (const o of order) {
+    t.complete(BigInt(o));
+    done.add(o);
+    let prefix = 0;
+    while (done.has(prefix)) prefix++;
+    const expected = prefix === 0 ? undefined : BigInt(prefix);
+    assert.equal(t.committable, expected);
+    if (prefix < n) assert.equal(t.oldestPendingTimestamp(), prefix);
+  }
+  assert.equal(t.toCommit(), BigInt(n));
+});
+
+Deno.test("relay outcomes: statuses are done, permanent or transient as DESIGN.md says", () => {
+  const kind = (s: number) => classifyStatus(s).kind;
+  assert.equal(kind(201), "created");
+  assert.equal(kind(200), "replayed");
+  assert.equal(kind(202), "created");
+  for (const s of [400, 404, 409, 413, 415, 422]) assert.equal(kind(s), "permanent", String(s));
+  for (const s of [401, 403, 408, 429, 500, 502, 503, 504, 302, 101]) {
+    assert.equal(kind(s), "transient", String(s));
+  }
+  assert.equal(classifyStatus(401).reason, "auth");
+  assert.equal(classifyStatus(403).reason, "auth");
+  assert.equal(classifyStatus(408).reason, "request_timeout");
+  assert.equal(classifyStatus(429).reason, "rate_limited");
+  assert.equal(classifyStatus(503).reason, "unavailable");
+  assert.equal(classifyStatus(500).reason, "server_error");
+});
+
+Deno.test("relay outcomes: Retry-After as seconds or a date, bounded", () => {
+  const now = Date.parse("2026-01-01T00:00:00Z");
+  assert.equal(parseRetryAfter(null, now), undefined);
+  assert.equal(parseRetryAfter("3", now), 3000);
+  assert.equal(parseRetryAfter(" 0 ", now), 0);
+  assert.equal(parseRetryAfter("Thu, 01 Jan 2026 00:00:05 GMT", now), 5000);
+  assert.equal(parseRetryAfter("Wed, 31 Dec 2025 23:00:00 GMT", now), 0, "a past date: now");
+  assert.equal(parseRetryAfter("999999", now), MAX_RETRY_AFTER_MS);
+  assert.equal(parseRetryAfter("soon", now), undefined);
+  assert.equal(parseRetryAfter("-1", now), undefined);
+});
+
+Deno.test("relay outcomes: values that are not JSON are caught locally", () => {
+  const enc = (s: string) => new TextEncoder().encode(s);
+  assert.equal(notJson(enc('{"workflow_ref":"echo"}')), undefined);
+  assert.equal(notJson(enc("[1,2]")), undefined, "JSON, if not a request: the API judges it");
+  assert.match(notJson(enc("{nope"))!, /not JSON/);
+  assert.match(notJson(enc(""))!, /not JSON/);
+  assert.match(notJson(new Uint8Array([0x7b, 0xff, 0x7d]))!, /not UTF-8/);
+});
+
+Deno.test("relay outcomes: problem bodies become a reason and a short detail", () => {
+  const p = problemSummary(
+    JSON.stringify({
+      type: "https://poimen.dev/problems/validation",
+      title: "Request does not match the schema",
+      status: 422,
+      detail: "the request does not match the schema",
+      retryable: false,
+      errors: [{ path: "workflow_ref", message: "expected string" }],
+    }),
+    "HTTP 422",
+  );
+  assert.equal(p.reason, "validation");
+  assert.equal(p.detail, "the request does not match the schema: workflow_ref: expected string");
+  const long = problemSummary("x".repeat(5000), "HTTP 400");
+  assert.equal(long.reason, undefined);
+  assert.ok(long.detail.length <= 500);
+  assert.equal(problemSummary("", "HTTP 404").detail, "HTTP 404");
+});
+
+Deno.test("relay outcomes: the client classifies real HTTP answers", async () => {
+  const answers: Record<string, () => Response> = {
+    "/created": () => new Response("{}", { status: 201 }),
+    "/replayed": () =>
+      new Response("{}", { status: 200, headers: { "idempotent-replayed": "true" } }),
+    "/unavailable": () =>
+      new Response('{"type":"https://poimen.dev/problems/database-unavailable"}', {
+        status: 503,
+        headers: { "retry-after": "2" },
+      }),
+    "/unknown": () =>
+      new Response(
+        '{"type":"https://poimen.dev/problems/unknown-workflow","detail":"no workflow nope"}',
+        { status: 422 },
+      ),
+    "/auth": () => new Response("{}", { status: 401 }),
+  };
+  const seen: Record<string, string | null>[] = [];
+  const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
+    const prefix = new URL(req.url).pathname.replace(/\/v1\/runs$/, "");
+    seen.push({
+      auth: req.headers.get("authorization"),
+      tenant: req.headers.get("poimen-tenant"),
+      source: req.headers.get("poimen-source"),
+      traceparent: req.headers.get("traceparent"),
+      type: req.headers.get("content-type"),
+      body: await req.text(),
+    });
+    return answers[prefix]();
+  });
+  try {
+    const base = `http://127.0.0.1:${server.addr.port}`;
+    const client = (path: string) =>
+      new ApiClient({ apiUrl: base + path, token: "t0k", timeoutMs: 5000 });
+    const req = {
+      tenant: "acme",
+      body: new TextEncoder().encode('{"workflow_ref":"echo"}'),
+      source: "kafka:poimen.acme.dispatch/0/7",
+      traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    };
+    assert.deepEqual(await client("/created").admit(req), { kind: "created", status: 201 });
+    assert.deepEqual(await client("/replayed").admit(req), { kind: "replayed", status: 200 });
+    const unavailable = await client("/unavailable").admit(req);
+    assert.equal(unavailable.kind, "transient");
+    assert.equal(unavailable.kind === "transient" && unavailable.retryAfterMs, 2000);
+    const unknown = await client("/unknown").admit(req);
+    assert.deepEqual(unknown, {
+      kind: "permanent",
+      reason: "unknown-workflow",
+      status: 422,
+      detail: "no workflow nope",
+    });
+    const auth = await client("/auth").admit(req);
+    assert.equal(auth.kind === "transient" && auth.reason, "auth");
+    assert.deepEqual(seen[0], {
+      auth: "Bearer t0k",
+      tenant: "acme",
+      source: "kafka:poimen.acme.dispatch/0/7",
+      traceparent: req.traceparent,
+      type: "application/json",
+      body: '{"workflow_ref":"echo"}',
+    });
+  } finally {
+    await server.shutdown();
+  }
+  // Nothing listening: a transient network failure, not a throw.
+  const gone = await new ApiClient({ apiUrl: "http://127.0.0.1:9", token: "t", timeoutMs: 2000 })
+    .admit({ tenant: "acme", body: new Uint8Array([123, 125]), source: "s" });
+  assert.equal(gone.kind === "transient" && gone.reason, "network");
+});
+
+Deno.test("relay dead letters: original key, value and headers plus the why and where", () => {
+  const message: ConsumedMessage = {
+    topic: "poimen.acme.dispatch",
+    partition: 2,
+    offset: 41n,
+    key: "acme/k1",
+    value: new TextEncoder().encode("{nope"),
+    headers: { traceparent: "00-x-y-01", "poimen-dlq-reason": "stale" },
+    timestamp: Date.parse("2026-01-01T00:00:00Z"),
+  };
+  const first = new Date("2026-01-01T00:00:01Z");
+  const last = new Date("2026-01-01T00:00:02Z");
+  const letter = deadLetter("acme", message, {
+    reason: "bad-json",
+    status: "none",
+    detail: "the value is not JSON",
+    attempts: 1,
+    firstFailure: first,
+    lastFailure: last,
+  });
+  assert.equal(letter.topic, "poimen.acme.dispatch.dlq");
+  assert.equal(letter.key, "acme/k1");
+  assert.equal(letter.value, message.value);
+  assert.deepEqual(letter.headers, {
+    traceparent: "00-x-y-01",
+    [DLQ_HEADERS.reason]: "bad-json",
+    [DLQ_HEADERS.status]: "none",
+    [DLQ_HEADERS.detail]: "the value is not JSON",
+    [DLQ_HEADERS.attempts]: "1",
+    [DLQ_HEADERS.firstFailure]: "2026-01-01T00:00:01.000Z",
+    [DLQ_HEADERS.lastFailure]: "2026-01-01T00:00:02.000Z",
+    [DLQ_HEADERS.topic]: "poimen.acme.dispatch",
+    [DLQ_HEADERS.partition]: "2",
+    [DLQ_HEADERS.offset]: "41",
+    [DLQ_HEADERS.timestamp]: "2026-01-01T00:00:00.000Z",
+  });
+  assert.deepEqual(withoutDlqHeaders(letter.headers!), { traceparent: "00-x-y-01" });
+  const back = redriven("acme", { ...message, topic: letter.topic, headers: letter.headers! });
+  assert.deepEqual(back, {
+    topic: "poimen.acme.dispatch",
+    key: "acme/k1",
+    value: message.value,
+    headers: { traceparent: "00-x-y-01" },
+  });
+});
+
+Deno.test("relay config: defaults, and a missing token is one line naming it", () => {
+  const c = readRelayConfig({ RELAY_TOKEN: "pmn_x" });
+  assert.equal(c.API_URL, "http://127.0.0.1:8080");
+  assert.equal(c.RELAY_GROUP_ID, "poimen-inbox-relay");
+  assert.equal(c.RELAY_MAX_IN_FLIGHT, 16);
+  assert.equal(c.RELAY_COMMIT_INTERVAL_MS, 200);
+  assert.equal(c.RELAY_BACKOFF_BASE_MS, 200);
+  assert.equal(c.RELAY_BACKOFF_CAP_MS, 30_000);
+  assert.equal(c.RELAY_TOPIC_REFRESH_MS, 5000);
+  assert.equal(c.RELAY_SHUTDOWN_MS, 10_000);
+  assert.equal(c.RELAY_METRICS_PORT, 9465);
+  assert.throws(() => readRelayConfig({}), (e: unknown) => {
+    assert.ok(e instanceof ConfigError);
+    assert.match(e.message, /^config: RELAY_TOKEN is unset: /);
+    assert.ok(!e.message.includes("\n"));
+    return true;
+  });
+  assert.throws(
+    () => readRelayConfig({ RELAY_TOKEN: "t", RELAY_MAX_IN_FLIGHT: "0" }),
+    /RELAY_MAX_IN_FLIGHT/,
+  );
+});
