@@ -6,6 +6,7 @@
  *   deno test -A tests/dev_kafka_test.ts
  */
 import assert from "node:assert/strict";
+import { freePort } from "./support/processes.ts";
 import {
   brokerAddress,
   brokerAnswers,
@@ -63,7 +64,8 @@ Deno.test("dev kafka: a bad variable or command is one line and exit 2", async (
 Deno.test("dev kafka: status of a broker that is not running is 'stopped' with exit 3", async () => {
   const dir = await Deno.makeTempDir({ prefix: "poimen-kafka-" });
   try {
-    const status = await cli(["status"], { KAFKA_DIR: dir });
+    // A port where nothing listens: no pid file here and no broker answering.
+    const status = await cli(["status"], { KAFKA_DIR: dir, KAFKA_PORT: String(freePort()) });
     assert.equal(status.code, 3);
     assert.equal(status.stdout, "kafka stopped");
     assert.equal(await brokerRunning({ ...brokerOptionsFromEnv(), dir }), undefined);

@@ -27,27 +27,13 @@ import {
   tenantOfTopic,
 } from "../relay/kafka.ts";
 import { createLogger } from "../core/log.ts";
-import { delay, SECOND } from "../core/time.ts";
+import { waitFor } from "./support/db.ts";
+import { SECOND } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
 
 function suffix(): string {
   return crypto.randomUUID().slice(0, 8);
-}
-
-/** Polls `condition` every 50 ms until true; fails with `what` after `timeoutMs`. */
-async function until(
-  what: string,
-  condition: () => boolean | Promise<boolean>,
-  timeoutMs = 30 * SECOND,
-) {
-  const deadline = Date.now() + timeoutMs;
-  while (!(await condition())) {
-    if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    }
-    await delay(50);
-  }
 }
 
 /** Collects everything a consumer yields, in the background. */
@@ -175,7 +161,7 @@ Deno.test(
       });
       try {
         const got = collect(first);
-        await until("3 messages", () => got.length >= 3);
+        await waitFor("3 messages", () => got.length >= 3);
         assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k0", 0n], ["acme/k1", 1n], [
           "acme/k2",
           2n,
@@ -206,7 +192,7 @@ Deno.test(
       });
       try {
         const got = collect(second);
-        await until("the uncommitted message", () => got.length >= 1);
+        await waitFor("the uncommitted message", () => got.length >= 1);
         assert.deepEqual(got.map((m) => [m.key, m.offset]), [["acme/k2", 2n]]);
       } finally {
         await second.close();
@@ -235,18 +221,18 @@ Deno.test(
       try {
         const got = collect(consumer);
         await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d1`, value: "{}" }]);
-        await until("the first tenant's message", () => got.length >= 1);
+        await waitFor("the first tenant's message", () => got.length >= 1);
         assert.deepEqual(consumer.topics, [dispatchTopic(t1)]);
 
         await ensureTenantTopics(admin, t2, opts);
         await producer.send([{ topic: dispatchTopic(t2), key: `${t2}/d1`, value: "{}" }]);
-        await until("the second tenant's message", () => got.length >= 2);
+        await waitFor("the second tenant's message", () => got.length >= 2);
         assert.deepEqual(got.map((m) => tenantOfTopic(m.topic)), [t1, t2]);
         assert.deepEqual(consumer.topics, [dispatchTopic(t1), dispatchTopic(t2)]);
 
         // Still consuming the first tenant after the rebalance, with no redelivery.
         await producer.send([{ topic: dispatchTopic(t1), key: `${t1}/d2`, value: "{}" }]);
-        await until("the first tenant's second message", () => got.length >= 3);
+        await waitFor("the first tenant's second message", () => got.length >= 3);
         assert.deepEqual(got.map((m) => m.key), [`${t1}/d1`, `${t2}/d1`, `${t1}/d2`]);
       } finally {
         await consumer.close();
@@ -307,12 +293,12 @@ Deno.test(
       try {
         const survived = collect(survivor);
         await producer.send([{ topic, key: `${tenant}/before`, value: "before" }]);
-        await until("the message before the stop", () => survived.length >= 1);
+        await waitFor("the message before the stop", () => survived.length >= 1);
 
         assert.equal(await stopBroker(own), true);
         // Keep the broker down until the consumer noticed (its fetch retries ran
         // out), so what follows exercises its reconnect, not a brief hiccup.
-        await until(
+        await waitFor(
           "the consumer to notice the outage",
           () => lines.some((l) => l.includes("kafka consumer failed")),
           90 * SECOND,
@@ -328,7 +314,7 @@ Deno.test(
         });
         try {
           const got = collect(fresh);
-          await until("the pre-stop message in a new group", () => got.length >= 1, 60 * SECOND);
+          await waitFor("the pre-stop message in a new group", () => got.length >= 1, 60 * SECOND);
           assert.equal(text(got[0]), "before");
         } finally {
           await fresh.close();
@@ -336,7 +322,7 @@ Deno.test(
 
         // The consumer that lived through the outage carries on, without redelivery.
         await producer.send([{ topic, key: `${tenant}/after`, value: "after" }]);
-        await until(
+        await waitFor(
           "the post-start message in the surviving consumer",
           () => survived.length >= 2,
           90 * SECOND,
