@@ -8,7 +8,7 @@
 import { PoimenError } from "../core/errors.ts";
 import type { Sql } from "../db/pool.ts";
 import { selectToken, tenantExists, type TokenRow } from "../db/auth.ts";
-import { TENANT_ID } from "../contracts/runs.ts";
+import { isTenantId } from "../contracts/topics.ts";
 
 /** Who is calling, once authenticated. */
 export interface Principal {
@@ -68,7 +68,7 @@ export class Authenticator {
     if (tenantHeader === undefined) {
       this.#fail("forbidden", "no-tenant", "a service token must name a tenant in Poimen-Tenant");
     }
-    if (!TENANT_ID.test(tenantHeader) || !(await this.#tenantExists(tenantHeader))) {
+    if (!isTenantId(tenantHeader) || !(await this.#tenantExists(tenantHeader))) {
       this.#fail("forbidden", "unknown-tenant", `unknown tenant ${JSON.stringify(tenantHeader)}`);
     }
     return { kind: "service", tenantId: tenantHeader, name: token.name };

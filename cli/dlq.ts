@@ -23,7 +23,7 @@ import {
   createConsumer,
   createProducer,
 } from "../relay/kafka.ts";
-import { dlqTopic, isTenantId } from "../relay/topics.ts";
+import { dlqTopic, isTenantId } from "../contracts/topics.ts";
 
 const USAGE = "usage: dlq <tenant> [--redrive]";
 

@@ -10,7 +10,7 @@ import { createLogger } from "../core/log.ts";
 import { createPool } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
-import { TENANT_ID } from "../contracts/runs.ts";
+import { isTenantId } from "../contracts/topics.ts";
 
 const USAGE = "usage: token <tenant> | token --service <name>";
 
@@ -21,7 +21,7 @@ export async function main(args: string[]): Promise<number> {
     console.error(USAGE);
     return 64;
   }
-  if (!service && !TENANT_ID.test(name)) {
+  if (!service && !isTenantId(name)) {
     console.error(
       `token: bad tenant id ${JSON.stringify(name)}: use a-z, 0-9, _ and -, 1-63 chars`,
     );

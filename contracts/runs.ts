@@ -10,11 +10,6 @@ import { z } from "zod";
 // Printable: no control characters (C0, DEL, C1) and no lone surrogates.
 const PRINTABLE = /^[^\p{Cc}\p{Cs}]+$/u;
 
-/** A tenant id: it becomes part of Kafka topic names, hence no dot. */
-export const TENANT_ID = /^[a-z0-9_-]{1,63}$/;
-
-export const TenantId = z.string().regex(TENANT_ID, "lowercase letters, digits, _ and -, 1-63");
-
 /** The admission request: `POST /v1/runs` body and dispatch message value. */
 export const RunRequest = z.strictObject({
   workflow_ref: z.string().min(1).max(120).regex(

@@ -5,7 +5,7 @@
  * inspected and redriven (`deno task dlq`).
  */
 import type { ConsumedMessage, ProduceMessage } from "./kafka.ts";
-import { dispatchTopic, dlqTopic } from "./topics.ts";
+import { dispatchTopic, dlqTopic } from "../contracts/topics.ts";
 
 /** Prefix of every header the relay adds to a dead letter. */
 export const DLQ_HEADER_PREFIX = "poimen-dlq-";

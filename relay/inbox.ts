@@ -22,7 +22,7 @@ import { deadLetter, type Failure } from "./dead_letter.ts";
 import type { ConsumedMessage, KafkaAdmin, KafkaConsumer, KafkaProducer } from "./kafka.ts";
 import type { RelayMetrics } from "./metrics.ts";
 import { OffsetTracker } from "./offsets.ts";
-import { DISPATCH_TOPIC_PATTERN } from "./topics.ts";
+import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
 
 /** Tuning of the relay (see relay/config.ts for the variables and defaults). */
 export interface InboxRelayOptions {

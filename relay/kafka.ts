@@ -29,9 +29,9 @@ import {
 } from "@platformatic/kafka";
 import { type Logger, silentLogger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
-import { tenantTopics } from "./topics.ts";
+import { tenantTopics } from "../contracts/topics.ts";
 
-export * from "./topics.ts";
+export * from "../contracts/topics.ts";
 
 /** What every client needs to reach the cluster. */
 export interface KafkaClientOptions {

@@ -13,7 +13,7 @@ import { readRelayConfig, type RelayConfig } from "./config.ts";
 import { InboxRelay } from "./inbox.ts";
 import { createAdmin, createConsumer, createProducer } from "./kafka.ts";
 import { createRelayMetrics, serveMetrics } from "./metrics.ts";
-import { DISPATCH_TOPIC_PATTERN } from "./topics.ts";
+import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
 
 /** Runs the relay until a signal; returns the exit code. */
 export async function main(_args: string[]): Promise<number> {

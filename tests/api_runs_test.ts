@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import client from "prom-client";
-import { freshDatabase } from "./support/db.ts";
+import { freshDatabase, type TestDatabase } from "./support/db.ts";
 import { silentLogger } from "../core/log.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
@@ -14,20 +14,30 @@ import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
-import { createPool } from "../db/pool.ts";
+import { createPool, type Sql } from "../db/pool.ts";
 
-const db = await freshDatabase();
-const sql = db.sql;
-const metrics = createApiMetrics(new client.Registry());
-const admission = new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 });
-const app = createApp({
-  sql,
-  admission,
-  auth: new Authenticator(sql, 30_000),
-  metrics,
-  log: silentLogger,
-  bodyLimit: 4096,
-});
+// Set up by the one test below, which runs every case as a step on one
+// database and drops it at the end.
+let db: TestDatabase;
+let sql: Sql;
+let app: ReturnType<typeof createApp>;
+let acme: string, globex: string, relay: string;
+
+async function setUp() {
+  db = await freshDatabase();
+  sql = db.sql;
+  app = createApp({
+    sql,
+    admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
+    auth: new Authenticator(sql, 30_000),
+    metrics: createApiMetrics(new client.Registry()),
+    log: silentLogger,
+    bodyLimit: 4096,
+  });
+  acme = await token("tenant", "acme");
+  globex = await token("tenant", "globex");
+  relay = await token("service", "relay");
+}
 
 async function token(kind: "tenant" | "service", name: string): Promise<string> {
   const t = newToken();
@@ -40,9 +50,7 @@ async function token(kind: "tenant" | "service", name: string): Promise<string> 
   return t;
 }
 
-const acme = await token("tenant", "acme");
-const globex = await token("tenant", "globex");
-const relay = await token("service", "relay");
+const CASES: [string, (t: Deno.TestContext) => Promise<void>][] = [];
 
 async function counts(): Promise<[number, number]> {
   const [r] = await sql`select (select count(*)::int from runs) as runs,
@@ -71,7 +79,7 @@ async function refused(res: Response | Promise<Response>, status: number, code: 
   return body;
 }
 
-Deno.test("idempotent_admission: api refuses each bad input with a problem and writes nothing", async (t) => {
+CASES.push(["api refuses each bad input with a problem and writes nothing", async (t) => {
   const start = await counts();
   await t.step("not JSON: 400", () => refused(req("{nope"), 400, "bad-json"));
   await t.step("empty body: 400", () => refused(req(""), 400, "bad-json"));
@@ -163,9 +171,9 @@ Deno.test("idempotent_admission: api refuses each bad input with a problem and w
       ),
   );
   assert.deepEqual(await counts(), start);
-});
+}]);
 
-Deno.test("idempotent_admission: api auth rules", async (t) => {
+CASES.push(["api auth rules", async (t) => {
   const ok = JSON.stringify({ workflow_ref: "echo", input: { hi: 1 } });
   await t.step("no token: 401 with WWW-Authenticate", async () => {
     const r = app.request("/v1/runs", {
@@ -229,9 +237,9 @@ Deno.test("idempotent_admission: api auth rules", async (t) => {
     assert.ok(list.runs.every((r: { tenant_id: string }) => r.tenant_id === "globex"));
     assert.ok(!list.runs.some((r: { run_id: string }) => r.run_id === mine.run_id));
   });
-});
+}]);
 
-Deno.test("idempotent_admission: runs list filters and pages with a cursor", async () => {
+CASES.push(["runs list filters and pages with a cursor", async (_t) => {
   const auth = { authorization: `Bearer ${acme}` };
   const goal = `goal-${crypto.randomUUID()}`;
   const made: string[] = [];
@@ -264,9 +272,9 @@ Deno.test("idempotent_admission: runs list filters and pages with a cursor", asy
   assert.equal(one.run_id, id);
   assert.equal(one.input, null);
   assert.equal(one.workflow_version, 1);
-});
+}]);
 
-Deno.test("idempotent_admission: health, readiness, metrics and the OpenAPI document", async () => {
+CASES.push(["health, readiness, metrics and the OpenAPI document", async (_t) => {
   assert.equal((await app.request("/healthz")).status, 200);
   assert.equal((await app.request("/readyz")).status, 200);
   const text = await (await app.request("/metrics")).text();
@@ -275,9 +283,9 @@ Deno.test("idempotent_admission: health, readiness, metrics and the OpenAPI docu
   assert.equal(doc.openapi, "3.1.0");
   assert.deepEqual(doc.components.schemas.RunRequest.required, ["workflow_ref"]);
   assert.ok(doc.paths["/v1/runs"].post.responses["201"]);
-});
+}]);
 
-Deno.test("idempotent_admission: a database outage is a 503 with Retry-After", async () => {
+CASES.push(["a database outage is a 503 with Retry-After", async (_t) => {
   // A pool pointing at a port where no Postgres listens.
   const dead = createPool({
     url: "postgres://postgres@127.0.0.1:1/nowhere",
@@ -299,9 +307,13 @@ Deno.test("idempotent_admission: a database outage is a 503 with Retry-After", a
     assert.equal((await r.json()).type, PROBLEM_BASE + "database-unavailable");
   }
   await dead.end();
-});
+}]);
 
-Deno.test({
-  name: "idempotent_admission: (teardown) drop the test database",
-  fn: () => db.drop(),
+Deno.test("idempotent_admission: the API in process refuses bad input, enforces auth, lists and reports health", async (t) => {
+  await setUp();
+  try {
+    for (const [name, fn] of CASES) await t.step(name, fn);
+  } finally {
+    await db.drop();
+  }
 });
