@@ -83,28 +83,3 @@ export function createOutboxMetrics(
   };
   return { registry, pending, oldestAge, shipped, publishDuration, hooks };
 }
-
-/** Serves `/metrics` (Prometheus text of `registry`) and `/healthz` (alive) on `port`. */
-export function serveMetrics(
-  registry: client.Registry,
-  hostname: string,
-  port: number,
-  log: Logger,
-): Deno.HttpServer {
-  return Deno.serve({
-    hostname,
-    port,
-    onListen: ({ hostname, port }) => log.info("metrics listening", { hostname, port }),
-  }, async (req) => {
-    switch (new URL(req.url).pathname) {
-      case "/metrics":
-        return new Response(await registry.metrics(), {
-          headers: { "content-type": registry.contentType },
-        });
-      case "/healthz":
-        return new Response("ok\n");
-      default:
-        return new Response("not found\n", { status: 404 });
-    }
-  });
-}

@@ -12,7 +12,8 @@ import { outboxStats } from "../db/outbox.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { createAdmin, createProducer } from "../relay/kafka.ts";
 import { readOutboxConfig } from "./config.ts";
-import { createOutboxMetrics, serveMetrics } from "./metrics.ts";
+import { createOutboxMetrics } from "./metrics.ts";
+import { serveMetrics } from "../core/metrics_server.ts";
 import { OutboxRelay } from "./relay.ts";
 
 // Bounded so a failing send gives the batch's transaction back within
@@ -75,7 +76,9 @@ function outboxProcess(
   let server: Deno.HttpServer | undefined;
   return {
     async start() {
-      if (metricsAt) server = serveMetrics(registry, metricsAt.hostname, metricsAt.port, log);
+      if (metricsAt) {
+        server = (await serveMetrics(registry, metricsAt.hostname, metricsAt.port, log)).server;
+      }
       await relay.start();
     },
     stop: once(async () => {

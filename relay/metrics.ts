@@ -58,35 +58,3 @@ export function createRelayMetrics(registry: client.Registry) {
     }),
   };
 }
-
-/**
- * Serves `/metrics` and `/healthz` on `port` (0: a free one); resolves once
- * listening, with the server and the port it got.
- */
-export async function serveMetrics(
-  registry: client.Registry,
-  hostname: string,
-  port: number,
-  log: Logger,
-  health: () => Record<string, unknown> = () => ({}),
-): Promise<{ server: Deno.HttpServer; port: number }> {
-  const listening = Promise.withResolvers<number>();
-  const server = Deno.serve({
-    hostname,
-    port,
-    onListen: (addr) => {
-      log.info("metrics listening", { url: `http://${addr.hostname}:${addr.port}/metrics` });
-      listening.resolve(addr.port);
-    },
-  }, async (req) => {
-    const path = new URL(req.url).pathname;
-    if (path === "/metrics") {
-      return new Response(await registry.metrics(), {
-        headers: { "content-type": registry.contentType },
-      });
-    }
-    if (path === "/healthz") return Response.json({ status: "ok", ...health() });
-    return new Response("not found\n", { status: 404 });
-  });
-  return { server, port: await listening.promise };
-}

@@ -12,7 +12,8 @@ import { ApiClient } from "./api_client.ts";
 import { readRelayConfig, type RelayConfig } from "./config.ts";
 import { InboxRelay } from "./inbox.ts";
 import { createAdmin, createConsumer, createProducer } from "./kafka.ts";
-import { createRelayMetrics, serveMetrics } from "./metrics.ts";
+import { createRelayMetrics } from "./metrics.ts";
+import { serveMetrics } from "../core/metrics_server.ts";
 import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
 
 /** Runs the relay until a signal; returns the exit code. */

@@ -25,6 +25,7 @@ export const workerEnvSchema = z.object({
   WORKER_ID: z.string().min(1).max(200).optional(),
   /** Unset: no metrics endpoint. */
   WORKER_METRICS_PORT: optionalPort(),
+  WORKER_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
 });
 
 export type WorkerEnv = z.infer<typeof workerEnvSchema>;

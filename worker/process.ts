@@ -8,6 +8,7 @@ import { processEnv } from "../core/config.ts";
 import type { Service } from "../core/lifecycle.ts";
 import { once, runUntilSignal } from "../core/lifecycle.ts";
 import { createLogger, type Logger } from "../core/log.ts";
+import { serveMetrics } from "../core/metrics_server.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { queueStats } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
@@ -49,7 +50,10 @@ export async function main(_args: string[]): Promise<number> {
         applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
       }),
   });
-  await runUntilSignal(workerProcess(worker, sql, registry, cfg.WORKER_METRICS_PORT, log), log);
+  await runUntilSignal(
+    workerProcess(worker, sql, registry, cfg.WORKER_METRICS_HOST, cfg.WORKER_METRICS_PORT, log),
+    log,
+  );
   return 0;
 }
 
@@ -58,13 +62,16 @@ function workerProcess(
   worker: Worker,
   sql: Sql,
   registry: client.Registry,
+  metricsHost: string,
   metricsPort: number | undefined,
   log: Logger,
 ): Service {
   let server: Deno.HttpServer | undefined;
   return {
     async start() {
-      if (metricsPort !== undefined) server = serveMetrics(registry, metricsPort, log);
+      if (metricsPort !== undefined) {
+        server = (await serveMetrics(registry, metricsHost, metricsPort, log)).server;
+      }
       await worker.start();
     },
     stop: once(async () => {
@@ -73,18 +80,4 @@ function workerProcess(
       await sql.end({ timeout: 5 });
     }),
   };
-}
-
-function serveMetrics(registry: client.Registry, port: number, log: Logger): Deno.HttpServer {
-  return Deno.serve({
-    port,
-    onListen: ({ hostname, port }) => log.info("metrics listening", { hostname, port }),
-  }, async (req) => {
-    if (new URL(req.url).pathname !== "/metrics") {
-      return new Response("not found\n", { status: 404 });
-    }
-    return new Response(await registry.metrics(), {
-      headers: { "content-type": registry.contentType },
-    });
-  });
 }
