@@ -15,7 +15,7 @@ export const ApiEnv = z.object({
   /** Most admissions coalesced into one statement. */
   ADMISSION_MAX_BATCH: positiveInt(128),
   /** Most admission statements in flight (each holds a pooled connection). */
-  ADMISSION_MAX_CONCURRENT: positiveInt(4),
+  ADMISSION_MAX_CONCURRENT: positiveInt(2),
   DEFAULT_MAX_ATTEMPTS: positiveInt(3),
 });
 export type ApiConfig = z.infer<typeof ApiEnv>;

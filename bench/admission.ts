@@ -1,38 +1,41 @@
 /**
  * `deno task bench`: admission throughput, measured side by side in one run
  * on this machine, and written to bench/out/admission.md. Not a test: it
- * asserts nothing about durations, it reports.
+ * asserts nothing about durations, it reports ratios.
  *
- * Scenarios, each with the same closed-loop HTTP load (CLIENTS concurrent
- * keep-alive connections, DURATION each, after a warm-up):
+ * Over HTTP, each scenario gets the same closed-loop load (CLIENTS
+ * concurrent keep-alive connections, DURATION each, after a warm-up):
  * - baseline: a minimal hono + postgres.js endpoint, one INSERT per request;
- * - poimen, group commit (default): the full API (auth, validation, outbox
- *   event, metrics), new runs with unique dispatch keys;
- * - poimen, one statement per admission (ADMISSION_MAX_BATCH=1);
- * - poimen, replays: every request repeats an existing dispatch key;
- * - poimen, no dispatch key.
+ * - poimen (the real API process: auth, validation, outbox event, metrics),
+ *   group commit: new runs; replays of existing keys; no dispatch key;
+ * - poimen, one statement per admission (ADMISSION_MAX_BATCH=1).
+ *
+ * The database path alone, in process (CLIENTS concurrent callers, no
+ * HTTP): the admission kernel against one raw `INSERT … ON CONFLICT …
+ * RETURNING` per call through postgres.js.
  */
-import { createPool } from "../db/pool.ts";
+import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
 import { silentLogger } from "../core/log.ts";
+import { Admission } from "../admission/admit.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
 import { PROJECT_ROOT, taskArgs } from "../dev/tasks.ts";
 import { SECOND } from "../core/time.ts";
 
 const CLIENTS = Number(Deno.env.get("BENCH_CLIENTS") ?? 16);
 const DURATION = Number(Deno.env.get("BENCH_SECONDS") ?? 5) * SECOND;
 const WARMUP = 1 * SECOND;
-const ADMIN_URL = Deno.env.get("BENCH_ADMIN_URL") ?? "postgres://postgres@127.0.0.1:5432/postgres";
+const ADMIN_URL = Deno.env.get("BENCH_ADMIN_URL") ??
+  "postgres://postgres@127.0.0.1:5432/postgres";
 
 interface Result {
   name: string;
-  requests: number;
-  seconds: number;
   perSecond: number;
   p50: number;
   p99: number;
-  statuses: Record<number, number>;
+  statuses: Record<string, number>;
 }
 
 function freePort(): number {
@@ -45,7 +48,7 @@ function freePort(): number {
 async function waitReady(url: string) {
   const deadline = Date.now() + 30 * SECOND;
   while (Date.now() < deadline) {
-    const ok = await fetch(url, { method: "GET" }).then(async (r) => {
+    const ok = await fetch(url).then(async (r) => {
       await r.body?.cancel();
       return r.status < 500;
     }, () => false);
@@ -55,8 +58,9 @@ async function waitReady(url: string) {
   throw new Error(`${url} not ready`);
 }
 
-function spawn(args: string[], env: Record<string, string>): Deno.ChildProcess {
-  return new Deno.Command(Deno.execPath(), {
+/** Starts `deno <args>` and waits until `readyUrl` answers. */
+async function serve(args: string[], env: Record<string, string>, readyUrl: string) {
+  const child = new Deno.Command(Deno.execPath(), {
     args,
     cwd: PROJECT_ROOT,
     env: { LOG_LEVEL: "error", ...env },
@@ -64,58 +68,184 @@ function spawn(args: string[], env: Record<string, string>): Deno.ChildProcess {
     stdout: "null",
     stderr: "inherit",
   }).spawn();
+  await waitReady(readyUrl);
+  return {
+    async stop() {
+      child.kill("SIGTERM");
+      await child.status;
+    },
+  };
 }
 
-async function load(
+/**
+ * Closed-loop load: CLIENTS callers of `call` until DURATION after a warm-up;
+ * `call` returns a status label to count.
+ */
+async function measure(
   name: string,
-  url: string,
-  headers: Record<string, string>,
-  body: (client: number, i: number) => string,
+  setup: () => unknown,
+  call: (ctx: unknown, client: number, i: number) => Promise<string>,
 ): Promise<Result> {
   const latencies: number[] = [];
-  const statuses: Record<number, number> = {};
-  let measuring = false;
-  const start = performance.now();
-  const end = start + WARMUP + DURATION;
-  let measuredFrom = 0;
-  setTimeout(() => {
-    measuring = true;
-    measuredFrom = performance.now();
-  }, WARMUP);
+  const statuses: Record<string, number> = {};
+  const from = performance.now() + WARMUP;
+  const end = from + DURATION;
   await Promise.all(Array.from({ length: CLIENTS }, async (_, client) => {
-    const http = Deno.createHttpClient({});
+    const ctx = setup();
     try {
       for (let i = 0; performance.now() < end; i++) {
         const t0 = performance.now();
-        const res = await fetch(url, {
-          method: "POST",
-          headers,
-          body: body(client, i),
-          client: http,
-        });
-        await res.arrayBuffer();
-        if (measuring) {
+        const status = await call(ctx, client, i);
+        if (t0 >= from) {
           latencies.push(performance.now() - t0);
-          statuses[res.status] = (statuses[res.status] ?? 0) + 1;
+          statuses[status] = (statuses[status] ?? 0) + 1;
         }
       }
     } finally {
-      http.close();
+      (ctx as { close?: () => void } | undefined)?.close?.();
     }
   }));
-  const seconds = (performance.now() - measuredFrom) / 1000;
+  const seconds = (performance.now() - from) / 1000;
   latencies.sort((a, b) => a - b);
   const q = (p: number) =>
     latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))] ?? 0;
-  return {
-    name,
-    requests: latencies.length,
-    seconds,
-    perSecond: latencies.length / seconds,
-    p50: q(0.5),
-    p99: q(0.99),
-    statuses,
+  return { name, perSecond: latencies.length / seconds, p50: q(0.5), p99: q(0.99), statuses };
+}
+
+/** HTTP load on `url` with one keep-alive client per caller. */
+function overHttp(name: string, url: string, headers: Record<string, string>, body: Body) {
+  return measure(name, () => Deno.createHttpClient({}), async (client, c, i) => {
+    const res = await fetch(url, {
+      method: "POST",
+      headers,
+      body: body(c, i),
+      client: client as Deno.HttpClient,
+    });
+    await res.arrayBuffer();
+    return String(res.status);
+  });
+}
+type Body = (client: number, i: number) => string;
+
+const runBody = (key: string | null) =>
+  JSON.stringify({ workflow_ref: "echo", input: { n: 1 }, ...(key ? { dispatch_key: key } : {}) });
+
+async function scenarios(dbUrl: string, sql: Sql): Promise<Result[]> {
+  const results: Result[] = [];
+  await insertTenant(sql, "bench");
+  const token = newToken();
+  await insertToken(sql, await hashToken(token), {
+    kind: "tenant",
+    tenant_id: "bench",
+    name: "bench",
+  });
+  const json = { "content-type": "application/json" };
+  const auth = { ...json, authorization: `Bearer ${token}` };
+
+  // The database path alone.
+  await sql`create table bench_raw (tenant_id text not null, run_id uuid not null,
+    dispatch_key text, input jsonb, primary key (tenant_id, run_id))`;
+  await sql`create unique index on bench_raw (tenant_id, dispatch_key)
+    where dispatch_key is not null`;
+  results.push(
+    await measure(
+      "in process: raw INSERT … ON CONFLICT, one per call",
+      () => undefined,
+      async (_, c, i) => {
+        const rows = await sql`
+        insert into bench_raw values ('bench', ${crypto.randomUUID()}, ${`raw-${c}-${i}`},
+          ${sql.json({ n: 1 })})
+        on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing
+        returning run_id`;
+        return rows.length ? "created" : "deduplicated";
+      },
+    ),
+  );
+  const kernel = new Admission(sql, builtinRegistry(), { maxBatch: 128, maxConcurrent: 2 });
+  const admit = (key: string) => async () => {
+    const r = await kernel.admit(
+      { workflow_ref: "echo", input: { n: 1 }, dispatch_key: key },
+      { tenantId: "bench", source: "bench", entry: "http" },
+    );
+    return r.created ? "created" : "deduplicated";
   };
+  results.push(
+    await measure(
+      "in process: admission kernel, new runs",
+      () => undefined,
+      (_, c, i) => admit(`kernel-${c}-${i}`)(),
+    ),
+  );
+  results.push(
+    await measure(
+      "in process: admission kernel, replays",
+      () => undefined,
+      (_, c, i) => admit(`kernel-${c}-${i % 50}`)(),
+    ),
+  );
+
+  // Over HTTP.
+  const basePort = freePort();
+  const base = await serve(["run", "--allow-net", "--allow-env", "bench/minimal_server.ts"], {
+    DATABASE_URL: dbUrl,
+    PORT: String(basePort),
+  }, `http://127.0.0.1:${basePort}/`);
+  results.push(
+    await overHttp(
+      "HTTP: baseline, minimal hono + one INSERT",
+      `http://127.0.0.1:${basePort}/v1/runs`,
+      json,
+      (c, i) => runBody(`base-${c}-${i}`),
+    ),
+  );
+  await base.stop();
+
+  for (const grouped of [true, false]) {
+    const port = freePort();
+    const api = await serve(taskArgs("api"), {
+      DATABASE_URL: dbUrl,
+      PORT: String(port),
+      ...(grouped ? {} : { ADMISSION_MAX_BATCH: "1", ADMISSION_MAX_CONCURRENT: "8" }),
+    }, `http://127.0.0.1:${port}/healthz`);
+    const url = `http://127.0.0.1:${port}/v1/runs`;
+    if (grouped) {
+      results.push(
+        await overHttp(
+          "HTTP: poimen, group commit, new runs",
+          url,
+          auth,
+          (c, i) => runBody(`group-${c}-${i}`),
+        ),
+      );
+      results.push(
+        await overHttp(
+          "HTTP: poimen, group commit, replays",
+          url,
+          auth,
+          (c, i) => runBody(`group-${c}-${i % 50}`),
+        ),
+      );
+      results.push(
+        await overHttp(
+          "HTTP: poimen, group commit, no dispatch key",
+          url,
+          auth,
+          () => runBody(null),
+        ),
+      );
+    } else {
+      results.push(
+        await overHttp(
+          "HTTP: poimen, one statement per admission, new runs",
+          url,
+          auth,
+          (c, i) => runBody(`single-${c}-${i}`),
+        ),
+      );
+    }
+    await api.stop();
+  }
+  return results;
 }
 
 async function main() {
@@ -124,113 +254,52 @@ async function main() {
   await admin.unsafe(`create database ${dbName}`);
   const url = new URL(ADMIN_URL);
   url.pathname = `/${dbName}`;
-  const dbUrl = url.href;
-  const sql = createPool({ url: dbUrl, max: 2, applicationName: "bench" });
-  const results: Result[] = [];
-  const children: Deno.ChildProcess[] = [];
+  const sql = createPool({ url: url.href, max: 10, applicationName: "bench" });
+  let results: Result[];
   try {
     await migrate(sql, await loadMigrations(), silentLogger);
-    await insertTenant(sql, "bench");
-    const token = newToken();
-    await insertToken(sql, await hashToken(token), {
-      kind: "tenant",
-      tenant_id: "bench",
-      name: "bench",
-    });
-    const json = { "content-type": "application/json" };
-    const auth = { ...json, authorization: `Bearer ${token}` };
-    const run = (key: string | null) =>
-      JSON.stringify({
-        workflow_ref: "echo",
-        input: { n: 1 },
-        ...(key ? { dispatch_key: key } : {}),
-      });
-
-    // Baseline.
-    const basePort = freePort();
-    const base = spawn(["run", "--allow-net", "--allow-env", "bench/minimal_server.ts"], {
-      DATABASE_URL: dbUrl,
-      PORT: String(basePort),
-    });
-    children.push(base);
-    await waitReady(`http://127.0.0.1:${basePort}/`);
-    results.push(
-      await load(
-        "baseline: minimal hono + one INSERT",
-        `http://127.0.0.1:${basePort}/v1/runs`,
-        json,
-        (c, i) => run(`base-${c}-${i}`),
-      ),
-    );
-    base.kill("SIGTERM");
-    await base.status;
-
-    for (
-      const [label, env] of [
-        ["poimen, group commit: new runs", {}],
-        ["poimen, one statement per admission: new runs", { ADMISSION_MAX_BATCH: "1" }],
-      ] as const
-    ) {
-      const port = freePort();
-      const api = spawn(taskArgs("api"), { DATABASE_URL: dbUrl, PORT: String(port), ...env });
-      children.push(api);
-      await waitReady(`http://127.0.0.1:${port}/healthz`);
-      const target = `http://127.0.0.1:${port}/v1/runs`;
-      const tag = Object.keys(env).length ? "single" : "group";
-      results.push(await load(label, target, auth, (c, i) => run(`${tag}-${c}-${i}`)));
-      if (tag === "group") {
-        results.push(
-          await load(
-            "poimen, group commit: replays of existing keys",
-            target,
-            auth,
-            (c, i) => run(`group-${c}-${i % 50}`),
-          ),
-        );
-        results.push(
-          await load("poimen, group commit: no dispatch key", target, auth, () => run(null)),
-        );
-      }
-      api.kill("SIGTERM");
-      await api.status;
-    }
+    results = await scenarios(url.href, sql);
   } finally {
-    for (const c of children) {
-      try {
-        c.kill("SIGKILL");
-      } catch { /* exited */ }
-    }
     await sql.end();
     await admin.unsafe(`drop database if exists ${dbName} with (force)`);
     await admin.end();
   }
 
-  const baseline = results[0].perSecond;
-  const cpu =
-    (await Deno.readTextFile("/proc/cpuinfo").catch(() => "")).match(/model name\s*:\s*(.*)/)
-      ?.[1] ??
-      "unknown";
-  const lines = [
+  const ratio = (r: Result, base: Result) => (r.perSecond / base.perSecond).toFixed(2);
+  const raw = results.find((r) => r.name.includes("raw INSERT"))!;
+  const baseline = results.find((r) => r.name.includes("baseline"))!;
+  const cpu = (await Deno.readTextFile("/proc/cpuinfo").catch(() => ""))
+    .match(/model name\s*:\s*(.*)/)?.[1] ?? "unknown CPU";
+  const pg = await (async () => {
+    const a = createPool({ url: ADMIN_URL, max: 1, applicationName: "bench" });
+    try {
+      const [r] = await a`select version() as v,
+        current_setting('fsync') as fsync, current_setting('synchronous_commit') as sc`;
+      return `${String(r.v).split(" on ")[0]}, fsync=${r.fsync}, synchronous_commit=${r.sc}`;
+    } finally {
+      await a.end();
+    }
+  })();
+  const report = [
     `# Admission benchmark`,
     ``,
     `${
       new Date().toISOString()
-    } · Deno ${Deno.version.deno} · ${navigator.hardwareConcurrency} cores (${cpu}) · ` +
-    `Postgres on 127.0.0.1 · ${CLIENTS} concurrent keep-alive connections · ${
-      DURATION / 1000
-    } s per scenario ` +
-    `after ${WARMUP / 1000} s warm-up · load generator in the same machine (shares the cores).`,
+    } · Deno ${Deno.version.deno} · ${navigator.hardwareConcurrency} cores ` +
+    `(${cpu}) · ${pg} on 127.0.0.1 · ${CLIENTS} concurrent callers · ${DURATION / 1000} s per ` +
+    `scenario after ${WARMUP / 1000} s warm-up · load generator, API and Postgres share the cores.`,
     ``,
-    `| scenario | req/s | × baseline | p50 ms | p99 ms | statuses |`,
+    `× ref: in-process rows against the raw INSERT, HTTP rows against the minimal endpoint.`,
+    ``,
+    `| scenario | per s | × ref | p50 ms | p99 ms | outcomes |`,
     `|---|---:|---:|---:|---:|---|`,
     ...results.map((r) =>
-      `| ${r.name} | ${r.perSecond.toFixed(0)} | ${(r.perSecond / baseline).toFixed(2)} | ${
-        r.p50.toFixed(1)
-      } | ${r.p99.toFixed(1)} | ${JSON.stringify(r.statuses)} |`
+      `| ${r.name} | ${r.perSecond.toFixed(0)} | ${
+        ratio(r, r.name.startsWith("HTTP") ? baseline : raw)
+      } | ${r.p50.toFixed(1)} | ${r.p99.toFixed(1)} | ${JSON.stringify(r.statuses)} |`
     ),
     ``,
-  ];
-  const report = lines.join("\n");
+  ].join("\n");
   await Deno.mkdir(`${PROJECT_ROOT}bench/out`, { recursive: true });
   await Deno.writeTextFile(`${PROJECT_ROOT}bench/out/admission.md`, report);
   console.log(report);

@@ -43,6 +43,19 @@ const SAME_BODY = `(r.workflow_ref = q.workflow_ref
   and r.goal_id is not distinct from q.goal_id)`;
 
 /**
+ * The run holding `q`'s key, as a lateral subquery: one probe of the unique
+ * index per request. As a plain join, a table whose statistics lag behind
+ * its growth (a young table, before autovacuum's first analyze) was planned
+ * as a sequential scan per batch, and admission slowed as the table grew.
+ */
+function holder(sql: Sql) {
+  return sql`select * from runs r
+              where r.tenant_id = q.tenant_id and r.dispatch_key = q.dispatch_key
+                and r.dispatch_key is not null
+              limit 1`;
+}
+
+/**
  * Admits a batch: returns one row per created run and per run found already
  * holding an entry's key; entries with neither lost a race to a concurrent
  * commit and need `selectRunsByDispatchKey`. Rows are inserted in (tenant,
@@ -86,7 +99,7 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
     -- Runs that held the key before this statement began (not those it inserted:
     -- a CTE's writes are invisible to the rest of its statement).
     select ${sql.unsafe(runColumns("r"))}, q.i, false, ${sql.unsafe(SAME_BODY)}
-      from req q join runs r on r.tenant_id = q.tenant_id and r.dispatch_key = q.dispatch_key`;
+      from req q cross join lateral (${holder(sql)}) r`;
 }
 
 /**
@@ -104,5 +117,5 @@ export async function selectRunsByDispatchKey(
       from jsonb_to_recordset(${wanted})
            as q(i integer, tenant_id text, dispatch_key text, workflow_ref text, input jsonb,
                 goal_id text)
-      join runs r on r.tenant_id = q.tenant_id and r.dispatch_key = q.dispatch_key`;
+     cross join lateral (${holder(sql)}) r`;
 }
