@@ -28,7 +28,7 @@ export const relayEnvSchema = z.object({
   /** How often the broker's topic list is re-read, so new tenants are picked up. */
   RELAY_TOPIC_REFRESH_MS: z.coerce.number().int().min(100).default(5 * SECOND),
   /** API calls in flight at once per partition (commits stay in offset order). */
-  RELAY_MAX_IN_FLIGHT: positiveInt(16),
+  RELAY_MAX_IN_FLIGHT: positiveInt(64),
   /** Messages fetched but not yet done, over all partitions, before fetching waits. */
   RELAY_MAX_PENDING: positiveInt(10_000),
   /** Commits are batched: at most this long after a message is done… */

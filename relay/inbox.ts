@@ -425,16 +425,23 @@ export class InboxRelay implements Service {
   async #refreshLagView(): Promise<void> {
     const { admin } = this.#deps;
     const topics = (await admin.listTopics()).filter(this.#opts.isDispatchTopic);
-    const [ends, committed] = await Promise.all([
+    const [ends, starts, committed] = await Promise.all([
       admin.endOffsets(topics),
+      admin.startOffsets(topics),
       admin.committedOffsets(this.#opts.groupId, topics),
     ]);
-    const done = new Map(committed.map((c) => [partitionKey(c.topic, c.partition), c.offset]));
+    const byKey = (offsets: typeof ends) =>
+      new Map(offsets.map((o) => [partitionKey(o.topic, o.partition), o.offset]));
+    const done = byKey(committed);
+    const first = byKey(starts);
     const view = new Map<string, { topic: string; partition: number; lag: bigint }>();
     for (const end of ends) {
       const key = partitionKey(end.topic, end.partition);
-      // Nothing committed yet: everything in the partition is waiting (retention aside).
-      const lag = end.offset - (done.get(key) ?? 0n);
+      // Waiting: from the committed offset, or from the oldest message retention
+      // kept when nothing was committed yet (or the commit points before it).
+      const start = first.get(key) ?? 0n;
+      const from = done.get(key) ?? start;
+      const lag = end.offset - (from > start ? from : start);
       view.set(key, { topic: end.topic, partition: end.partition, lag: lag > 0n ? lag : 0n });
     }
     this.#lagView = view;

@@ -167,6 +167,8 @@ export interface KafkaAdmin {
   committedOffsets(groupId: string, topics?: string[]): Promise<TopicPartitionOffset[]>;
   /** End (high-water) offset of every partition of `topics` (the next message's offset), sorted. */
   endOffsets(topics: string[]): Promise<TopicPartitionOffset[]>;
+  /** Earliest offset still held (after retention) of every partition of `topics`, sorted. */
+  startOffsets(topics: string[]): Promise<TopicPartitionOffset[]>;
   close(): Promise<void>;
 }
 
@@ -290,6 +292,25 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
     return out;
   }
 
+  async function offsetsAt(topics: string[], timestamp: bigint): Promise<TopicPartitionOffset[]> {
+    const counts = await partitionCounts(topics);
+    if (counts.size === 0) return [];
+    const listed = await admin.listOffsets({
+      topics: [...counts].map(([name, n]) => ({
+        name,
+        partitions: Array.from({ length: n }, (_, partitionIndex) => ({
+          partitionIndex,
+          timestamp,
+        })),
+      })),
+    });
+    return sortOffsets(
+      listed.flatMap((t) =>
+        t.partitions.map((p) => ({ topic: t.name, partition: p.partitionIndex, offset: p.offset }))
+      ),
+    );
+  }
+
   return {
     async createTopics(specs) {
       const created: string[] = [];
@@ -349,29 +370,9 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
       }
       return sortOffsets(out);
     },
-    async endOffsets(topics) {
-      const counts = await partitionCounts(topics);
-      if (counts.size === 0) return [];
-      const listed = await admin.listOffsets({
-        topics: [...counts].map(([name, n]) => ({
-          name,
-          // Timestamp -1 asks for the latest offset, i.e. the high-water mark.
-          partitions: Array.from({ length: n }, (_, partitionIndex) => ({
-            partitionIndex,
-            timestamp: -1n,
-          })),
-        })),
-      });
-      return sortOffsets(
-        listed.flatMap((t) =>
-          t.partitions.map((p) => ({
-            topic: t.name,
-            partition: p.partitionIndex,
-            offset: p.offset,
-          }))
-        ),
-      );
-    },
+    // Timestamp -1 asks for the latest offset (the high-water mark), -2 for the earliest.
+    endOffsets: (topics) => offsetsAt(topics, -1n),
+    startOffsets: (topics) => offsetsAt(topics, -2n),
     async close() {
       if (closed) return;
       closed = true;

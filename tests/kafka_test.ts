@@ -183,6 +183,7 @@ Deno.test(
 
       assert.deepEqual(await admin.committedOffsets(group), [{ topic, partition: 0, offset: 2n }]);
       assert.deepEqual(await admin.endOffsets([topic]), [{ topic, partition: 0, offset: 3n }]);
+      assert.deepEqual(await admin.startOffsets([topic]), [{ topic, partition: 0, offset: 0n }]);
 
       const second = createConsumer({
         brokers: BROKERS,
