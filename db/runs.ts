@@ -1,4 +1,6 @@
 /** Reading runs: by id and by filters with keyset pagination, always tenant-scoped. */
+import type { z } from "zod";
+import type { RunStatus as RunStatusSchema } from "../contracts/runs.ts";
 import type { Sql } from "./pool.ts";
 
 /** A run as the API returns it (without its input, which only `selectRun` reads). */
@@ -22,14 +24,8 @@ export interface RunRow {
   finished_at: Date | null;
 }
 
-export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
-export const RUN_STATUSES: readonly RunStatus[] = [
-  "queued",
-  "running",
-  "succeeded",
-  "failed",
-  "cancelled",
-];
+/** A run's status; the set is a wire contract (contracts/runs.ts). */
+export type RunStatus = z.infer<typeof RunStatusSchema>;
 
 const RUN_COLUMN_NAMES = [
   "run_id",

@@ -3,7 +3,6 @@
  * prom-client's global one), and the small server exposing them.
  */
 import client from "prom-client";
-import type { Logger } from "../core/log.ts";
 
 /** The relay's metrics. */
 export type RelayMetrics = ReturnType<typeof createRelayMetrics>;

@@ -429,7 +429,7 @@ Deno.test("queue: a worker that loses its lease aborts the handler and writes no
   }
 });
 
-Deno.test("queue: queueStats counts runs by status and ages the oldest due queued run", async () => {
+Deno.test("queue: queueStats counts queued and running runs and ages the oldest due one", async () => {
   const { db, admit } = await setup();
   try {
     const empty = await queueStats(db.sql);
@@ -441,7 +441,7 @@ Deno.test("queue: queueStats counts runs by status and ages the oldest due queue
                   where tenant_id = ${TENANT} and run_id = ${a}`;
     const s = await queueStats(db.sql);
     assert.equal(s.byStatus.queued, 2);
-    assert.equal(s.byStatus.succeeded, 0);
+    assert.equal(s.byStatus.running, 0);
     assert.ok(s.oldestQueuedAgeSeconds >= 30 && s.oldestQueuedAgeSeconds < 60);
   } finally {
     await db.drop();

@@ -2,7 +2,6 @@
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import type { QueueStats } from "../db/queue.ts";
-import { RUN_STATUSES } from "../db/runs.ts";
 import type { WorkerHooks } from "./worker.ts";
 
 export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;
@@ -62,13 +61,13 @@ export function createWorkerMetrics(
   });
   new client.Gauge({
     name: "poimen_runs",
-    help: "Runs by status (all tenants)",
+    help: "Runs queued and running (all tenants); finished runs are counted by completions",
     labelNames: ["status"] as const,
     registers,
     async collect() {
       const s = await fresh();
       if (!s) return;
-      for (const status of RUN_STATUSES) this.set({ status }, s.byStatus[status]);
+      for (const [status, n] of Object.entries(s.byStatus)) this.set({ status }, n);
     },
   });
   new client.Gauge({
