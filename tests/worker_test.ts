@@ -217,7 +217,8 @@ Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SI
       const res = await fetch(`http://127.0.0.1:${metricsPort}/metrics`);
       return res.ok ? await res.text() : (await res.body?.cancel(), undefined);
     }, 10_000);
-    assert.match(metrics, /^poimen_runs\{status="succeeded"\} 200$/m);
+    assert.match(metrics, /^poimen_runs\{status="queued"\} 0$/m);
+    assert.match(metrics, /^poimen_runs\{status="running"\} 0$/m);
     assert.match(metrics, /^poimen_queue_oldest_due_age_seconds 0$/m);
     assert.match(metrics, /^poimen_worker_claims_total \d+$/m);
     for (const p of procs) p.kill("SIGTERM");
