@@ -11,7 +11,7 @@
  * other files sharing the broker run in any order.
  */
 import assert from "node:assert/strict";
-import { brokerAddress, brokerRunning, startBroker, stopBroker } from "../dev/kafka.ts";
+import { brokerRunning, startBroker, stopBroker } from "../dev/kafka.ts";
 import {
   type ConsumedMessage,
   createAdmin,
@@ -36,10 +36,9 @@ import {
   runCommand,
   sampleValue,
 } from "./support/processes.ts";
+import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
 
-const BROKERS = [brokerAddress()];
-// The Kafka client keeps sockets and retry timers a moment past close().
-const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
+const BROKERS = [BROKER];
 const TOPICS = { partitions: 3, replicationFactor: 1, retentionMs: 3_600_000 };
 const LONG = 120 * SECOND;
 

@@ -7,7 +7,7 @@
  *   deno test -A tests/it_outbox_relay_test.ts
  */
 import assert from "node:assert/strict";
-import { brokerAddress, startBroker, stopBroker } from "../dev/kafka.ts";
+import { startBroker, stopBroker } from "../dev/kafka.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { insertTenant } from "../db/auth.ts";
@@ -18,7 +18,6 @@ import { silentLogger } from "../core/log.ts";
 import {
   type ConsumedMessage,
   createAdmin,
-  createConsumer,
   createProducer,
   eventsTopic,
   type KafkaConsumer,
@@ -31,11 +30,9 @@ import {
   runCommand,
   sampleValue,
 } from "./support/processes.ts";
+import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
 
-const BROKERS = brokerAddress();
-// The Kafka client keeps sockets and retry timers past close() for a moment;
-// the sanitizers would flag those, not anything these tests do.
-const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
+const BROKERS = BROKER;
 
 await startBroker();
 
@@ -99,22 +96,6 @@ async function appendEvents(sql: Sql, tenant: string, runIds: string[], from: nu
      cross join generate_series(${from}::int, ${to}::int) as s(seq)
      where r.tenant_id = ${tenant} and r.run_id = any(${runIds}::uuid[])
      order by r.run_id, s.seq`;
-}
-
-/** A consumer of `topic` from the earliest offset, in a group of its own, collecting in the background. */
-function consume(topic: string): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
-  const consumer = createConsumer({
-    brokers: [BROKERS],
-    clientId: "poimen-test",
-    groupId: `outbox-test-${crypto.randomUUID()}`,
-    topics: [topic],
-    startFrom: "earliest",
-  });
-  const got: ConsumedMessage[] = [];
-  void (async () => {
-    for await (const m of consumer) got.push(m);
-  })();
-  return { got, consumer };
 }
 
 function valueOf(m: ConsumedMessage): Record<string, unknown> {

@@ -6,40 +6,21 @@
  * Postgres, and all of them are shipped once it is back.
  */
 import assert from "node:assert/strict";
-import { brokerAddress, startBroker, stopBroker } from "../dev/kafka.ts";
+import { startBroker, stopBroker } from "../dev/kafka.ts";
 import {
   type ConsumedMessage,
   createAdmin,
-  createConsumer,
   ensureTenantTopics,
   eventsTopic,
-  type KafkaConsumer,
 } from "../relay/kafka.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
 
-const BROKER = brokerAddress();
-// The Kafka client keeps sockets and retry timers a moment past close().
-const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
 const LONG = 90 * SECOND;
 
 await startBroker();
-
-function consume(topic: string): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
-  const consumer = createConsumer({
-    brokers: [BROKER],
-    clientId: "poimen-test",
-    groupId: `lifecycle-${crypto.randomUUID()}`,
-    topics: [topic],
-    startFrom: "earliest",
-  });
-  const got: ConsumedMessage[] = [];
-  void (async () => {
-    for await (const m of consumer) got.push(m);
-  })();
-  return { got, consumer };
-}
 
 interface Event {
   run_id: string;
