@@ -77,6 +77,11 @@ async function serve(args: string[], env: Record<string, string>, readyUrl: stri
   };
 }
 
+// Run before each scenario: a CHECKPOINT, so that no scenario pays for the
+// dirty pages of the one before it (a checkpoint landing inside one scenario
+// and not another was the largest source of variance between runs).
+let settle: () => Promise<unknown> = () => Promise.resolve();
+
 /**
  * Closed-loop load: CLIENTS callers of `call` until DURATION after a warm-up;
  * `call` returns a status label to count.
@@ -86,6 +91,7 @@ async function measure(
   setup: () => unknown,
   call: (ctx: unknown, client: number, i: number) => Promise<string>,
 ): Promise<Result> {
+  await settle();
   const latencies: number[] = [];
   const statuses: Record<string, number> = {};
   const from = performance.now() + WARMUP;
@@ -132,6 +138,7 @@ const runBody = (key: string | null) =>
 
 async function scenarios(dbUrl: string, sql: Sql): Promise<Result[]> {
   const results: Result[] = [];
+  settle = () => sql`checkpoint`;
   await insertTenant(sql, "bench");
   const token = newToken();
   await insertToken(sql, await hashToken(token), {
@@ -142,7 +149,12 @@ async function scenarios(dbUrl: string, sql: Sql): Promise<Result[]> {
   const json = { "content-type": "application/json" };
   const auth = { ...json, authorization: `Bearer ${token}` };
 
-  // The database path alone.
+  // The database path alone. Each side gets a pool of its own, as each
+  // process would: sharing one made the second scenario's numbers depend on
+  // the first (connections left open by a 16-caller load slowed the kernel's
+  // two flushes fivefold, an effect we measured but have not explained).
+  const rawSql = createPool({ url: dbUrl, max: 10, applicationName: "bench-raw" });
+  const kernelSql = createPool({ url: dbUrl, max: 10, applicationName: "bench-kernel" });
   await sql`create table bench_raw (tenant_id text not null, run_id uuid not null,
     dispatch_key text, input jsonb, primary key (tenant_id, run_id))`;
   await sql`create unique index on bench_raw (tenant_id, dispatch_key)
@@ -152,16 +164,17 @@ async function scenarios(dbUrl: string, sql: Sql): Promise<Result[]> {
       "in process: raw INSERT … ON CONFLICT, one per call",
       () => undefined,
       async (_, c, i) => {
-        const rows = await sql`
+        const rows = await rawSql`
         insert into bench_raw values ('bench', ${crypto.randomUUID()}, ${`raw-${c}-${i}`},
-          ${sql.json({ n: 1 })})
+          ${rawSql.json({ n: 1 })})
         on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing
         returning run_id`;
         return rows.length ? "created" : "deduplicated";
       },
     ),
   );
-  const kernel = new Admission(sql, builtinRegistry(), { maxBatch: 128, maxConcurrent: 2 });
+  await rawSql.end();
+  const kernel = new Admission(kernelSql, builtinRegistry(), { maxBatch: 128, maxConcurrent: 2 });
   const admit = (key: string) => async () => {
     const r = await kernel.admit(
       { workflow_ref: "echo", input: { n: 1 }, dispatch_key: key },
@@ -183,6 +196,7 @@ async function scenarios(dbUrl: string, sql: Sql): Promise<Result[]> {
       (_, c, i) => admit(`kernel-${c}-${i % 50}`)(),
     ),
   );
+  await kernelSql.end();
 
   // Over HTTP.
   const basePort = freePort();
