@@ -12,7 +12,7 @@ import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
-import { claimPendingEvents, markPublished } from "../db/outbox.ts";
+import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
 import { OutboxRelay } from "../outbox/relay.ts";
 import { silentLogger } from "../core/log.ts";
 import {
@@ -40,16 +40,7 @@ function newTenant(): string {
   return `ob-${crypto.randomUUID().slice(0, 8)}`;
 }
 
-interface EventRow {
-  tenant_id: string;
-  run_id: string;
-  seq: number;
-  event_id: string;
-  type: string;
-  goal_id: string | null;
-  dispatch_key: string | null;
-  payload: unknown;
-  at: Date;
+interface EventRow extends PendingEvent {
   published_at: Date | null;
 }
 
