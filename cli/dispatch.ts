@@ -7,7 +7,8 @@
  * relay's dead-lettering). Prints `topic partition offset`.
  */
 import { RunRequest } from "../contracts/runs.ts";
-import { createProducer, dispatchMessageKey, dispatchTopic, isTenantId } from "../relay/kafka.ts";
+import { createProducer } from "../kafka/producer.ts";
+import { dispatchMessageKey, dispatchTopic, isTenantId } from "../contracts/topics.ts";
 import { readKafkaCliConfig } from "./kafka_config.ts";
 
 const USAGE = "usage: dispatch [--raw] <tenant> '<json body of POST /v1/runs>'";

@@ -17,12 +17,9 @@ import { createLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { HEADERS } from "../contracts/runs.ts";
 import { DLQ_HEADERS, redriven } from "../relay/dead_letter.ts";
-import {
-  type ConsumedMessage,
-  createAdmin,
-  createConsumer,
-  createProducer,
-} from "../relay/kafka.ts";
+import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { createProducer } from "../kafka/producer.ts";
 import { dlqTopic, isTenantId } from "../contracts/topics.ts";
 
 const USAGE = "usage: dlq <tenant> [--redrive]";

@@ -3,7 +3,9 @@
  * and `dispatch.dlq` topics (partitions, replication factor and retention
  * from TOPIC_*), idempotently. Prints one line per topic.
  */
-import { createAdmin, ensureTenantTopics, isTenantId } from "../relay/kafka.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
+import { isTenantId } from "../contracts/topics.ts";
 import { readKafkaCliConfig } from "./kafka_config.ts";
 
 export async function main(args: string[]): Promise<number> {

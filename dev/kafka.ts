@@ -16,7 +16,7 @@ import { z } from "zod";
 import { port, readEnv } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
 import { delay, SECOND } from "../core/time.ts";
-import { createAdmin } from "../relay/kafka.ts";
+import { createAdmin } from "../kafka/admin.ts";
 
 const ROOT = decodeURIComponent(new URL("..", import.meta.url).pathname).replace(/\/$/, "");
 const POM = `${ROOT}/dev/kafka/pom.xml`;

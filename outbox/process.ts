@@ -10,11 +10,12 @@ import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { outboxStats } from "../db/outbox.ts";
 import { createPool, type Sql } from "../db/pool.ts";
-import { createAdmin, createProducer } from "../relay/kafka.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { createProducer } from "../kafka/producer.ts";
 import { readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
-import { OutboxRelay } from "./relay.ts";
+import { OutboxRelay } from "./publisher.ts";
 
 // Bounded so a failing send gives the batch's transaction back within
 // seconds (the library's default for an idempotent producer is to retry

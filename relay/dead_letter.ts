@@ -4,7 +4,8 @@
  * plus `poimen-dlq-*` headers saying why and where it came from, so it can be
  * inspected and redriven (`deno task dlq`).
  */
-import type { ConsumedMessage, ProduceMessage } from "./kafka.ts";
+import type { ConsumedMessage } from "../kafka/consumer.ts";
+import type { ProduceMessage } from "../kafka/producer.ts";
 import { dispatchTopic, dlqTopic } from "../contracts/topics.ts";
 
 /** Prefix of every header the relay adds to a dead letter. */

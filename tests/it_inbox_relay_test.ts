@@ -12,20 +12,12 @@
  */
 import assert from "node:assert/strict";
 import { brokerRunning, startBroker, stopBroker } from "../dev/kafka.ts";
-import {
-  type ConsumedMessage,
-  createAdmin,
-  createConsumer,
-  createProducer,
-  dispatchTopic,
-  dlqTopic,
-  ensureTenantTopics,
-  type KafkaAdmin,
-  type KafkaProducer,
-  type ProduceMessage,
-  tenantTopics,
-  type TopicPartitionOffset,
-} from "../relay/kafka.ts";
+import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
+import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
+import { createProducer, type KafkaProducer, type ProduceMessage } from "../kafka/producer.ts";
+import { dispatchTopic, dlqTopic, tenantTopics } from "../contracts/topics.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
+import { type TopicPartitionOffset } from "../kafka/client.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {

@@ -13,15 +13,12 @@ import { builtinRegistry } from "../workflows/builtin.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
-import { OutboxRelay } from "../outbox/relay.ts";
+import { OutboxRelay } from "../outbox/publisher.ts";
 import { silentLogger } from "../core/log.ts";
-import {
-  type ConsumedMessage,
-  createAdmin,
-  createProducer,
-  eventsTopic,
-  type KafkaConsumer,
-} from "../relay/kafka.ts";
+import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { createProducer } from "../kafka/producer.ts";
+import { eventsTopic } from "../contracts/topics.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   freePort,

@@ -7,12 +7,10 @@
  */
 import assert from "node:assert/strict";
 import { startBroker, stopBroker } from "../dev/kafka.ts";
-import {
-  type ConsumedMessage,
-  createAdmin,
-  ensureTenantTopics,
-  eventsTopic,
-} from "../relay/kafka.ts";
+import { type ConsumedMessage } from "../kafka/consumer.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
+import { eventsTopic } from "../contracts/topics.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";

@@ -13,19 +13,11 @@ import {
   startBroker,
   stopBroker,
 } from "../dev/kafka.ts";
-import {
-  type ConsumedMessage,
-  createAdmin,
-  createConsumer,
-  createProducer,
-  dispatchTopic,
-  dlqTopic,
-  ensureTenantTopics,
-  eventsTopic,
-  type KafkaAdmin,
-  type KafkaConsumer,
-  tenantOfTopic,
-} from "../relay/kafka.ts";
+import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../kafka/consumer.ts";
+import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
+import { createProducer } from "../kafka/producer.ts";
+import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../contracts/topics.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
 import { SECOND } from "../core/time.ts";

@@ -16,7 +16,7 @@ import {
 import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
 import { readRelayConfig } from "../relay/config.ts";
 import { ConfigError } from "../core/errors.ts";
-import type { ConsumedMessage } from "../relay/kafka.ts";
+import type { ConsumedMessage } from "../kafka/consumer.ts";
 
 Deno.test("relay offsets: nothing committable until the first message is done", () => {
   const t = new OffsetTracker();

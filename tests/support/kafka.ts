@@ -1,6 +1,6 @@
 /** What the Kafka-facing tests share: the broker, sanitizer settings, a collecting consumer. */
 import { brokerAddress } from "../../dev/kafka.ts";
-import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../../relay/kafka.ts";
+import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../../kafka/consumer.ts";
 
 /** The development broker the tests use (`deno task kafka start`; CI starts it). */
 export const BROKER = brokerAddress();

@@ -30,13 +30,10 @@ import {
   purgePublished,
 } from "../db/outbox.ts";
 import type { Sql } from "../db/pool.ts";
-import {
-  eventsTopic,
-  type KafkaAdmin,
-  type KafkaProducer,
-  type ProduceMessage,
-  type TenantTopicOptions,
-} from "../relay/kafka.ts";
+import { eventsTopic } from "../contracts/topics.ts";
+import { type KafkaAdmin } from "../kafka/admin.ts";
+import { type KafkaProducer, type ProduceMessage } from "../kafka/producer.ts";
+import { type TenantTopicOptions } from "../kafka/topics.ts";
 import type { OutboxHooks } from "./metrics.ts";
 
 /** The Kafka side of the relay: a producer factory (a failed producer is replaced) and an admin. */

@@ -1,0 +1,367 @@
+/**
+ * A consumer group member with manual commits only, a topic list that may
+ * change while running (a fixed list, a `RegExp` matched against the broker's
+ * topics, or a function), which survives the broker going away and coming
+ * back.
+ */
+import { Buffer } from "node:buffer";
+import {
+  Consumer,
+  type Message,
+  type MessagesStream,
+  stringDeserializer,
+} from "@platformatic/kafka";
+import { createAdmin, type KafkaAdmin } from "./admin.ts";
+import { type Logger, silentLogger } from "../core/log.ts";
+import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import {
+  baseOptions,
+  identityBuffer,
+  type KafkaClientOptions,
+  partitionKey,
+  RETRY_BASE,
+  RETRY_CAP,
+  type TopicPartitionOffset,
+} from "./client.ts";
+
+/** A message as consumed. */
+export interface ConsumedMessage {
+  topic: string;
+  partition: number;
+  offset: bigint;
+  /** The key as UTF-8 text ("" when the message has none). */
+  key: string;
+  value: Uint8Array;
+  /** Headers as UTF-8 text; of a repeated header the last value wins. */
+  headers: Record<string, string>;
+  /** The record's timestamp, ms since the epoch. */
+  timestamp: number;
+}
+
+/** Which topics a consumer reads; re-evaluated every `topicRefreshMs`. */
+export type TopicSelection = string[] | RegExp | (() => string[] | Promise<string[]>);
+
+/** Options of `createConsumer`. */
+export interface ConsumerOptions extends KafkaClientOptions {
+  groupId: string;
+  topics: TopicSelection;
+  /** How often the topic selection is re-evaluated, in ms (default 5 s). */
+  topicRefreshMs?: number;
+  /** Where a partition without a committed offset starts: earliest (default) or latest. */
+  startFrom?: "earliest" | "latest";
+  /** Consumed but not yet iterated messages held before fetching pauses (default 1000). */
+  maxBuffered?: number;
+  /** Group session timeout in ms (default 30 s). */
+  sessionTimeoutMs?: number;
+  /** Heartbeat interval in ms (default 3 s). */
+  heartbeatIntervalMs?: number;
+  /** Longest a fetch waits on the broker for data, in ms (default 500). */
+  maxWaitMs?: number;
+}
+
+/**
+ * A consumer group member with manual commits. Iterate it (once) to receive
+ * messages; the iteration ends when `close()` is called.
+ */
+export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
+  /**
+   * Commits, for each partition, `offset` = the next offset to read (the last
+   * processed message's offset + 1). Retries until committed or closed.
+   */
+  commit(offsets: TopicPartitionOffset[]): Promise<void>;
+  /** Replaces a list selection (a no-op change is free); the group rebalances. */
+  subscribe(topics: string[]): void;
+  /** The topics currently subscribed. */
+  readonly topics: readonly string[];
+  /** Stops fetching, ends the iteration and leaves the group. Idempotent. */
+  close(): Promise<void>;
+}
+type RawMessage = Message<string, Buffer, string, string>;
+
+function sameTopics(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((t, i) => t === b[i]);
+}
+
+/**
+ * Creates a consumer group member with manual commits. It joins on creation,
+ * re-subscribes when the topic selection changes, and rebuilds its client
+ * with backoff when the broker goes away, without limit until `close()`.
+ */
+export function createConsumer(opts: ConsumerOptions): KafkaConsumer {
+  return new GroupConsumer(opts);
+}
+
+class GroupConsumer implements KafkaConsumer {
+  readonly #opts: ConsumerOptions;
+  readonly #log: Logger;
+  readonly #maxBuffered: number;
+  readonly #stop = new AbortController();
+  #selection: TopicSelection;
+  #subscribed: string[] = [];
+  #client: Consumer<string, Buffer, string, string> | undefined;
+  #stream: MessagesStream<string, Buffer, string, string> | undefined;
+  #lister: KafkaAdmin | undefined;
+  #buffer: ConsumedMessage[] = [];
+  #wake: (() => void) | undefined;
+  // The offset after the last message handed out per partition: after a
+  // re-subscription or a rebuilt client the group restarts from the committed
+  // offsets, and what was already handed out must not be handed out twice.
+  #delivered = new Map<string, bigint>();
+  #restartRequested = false;
+  #iterating = false;
+  #closing: Promise<void> | undefined;
+  #running: Promise<void>;
+
+  constructor(opts: ConsumerOptions) {
+    this.#opts = opts;
+    this.#selection = opts.topics;
+    this.#log = (opts.logger ?? silentLogger).with({ group: opts.groupId });
+    this.#maxBuffered = opts.maxBuffered ?? 1000;
+    this.#running = this.#run();
+  }
+
+  get topics(): readonly string[] {
+    return this.#subscribed;
+  }
+
+  subscribe(topics: string[]): void {
+    this.#selection = [...topics];
+    void this.#checkTopics();
+  }
+
+  async commit(offsets: TopicPartitionOffset[]): Promise<void> {
+    if (offsets.length === 0) return;
+    const request = {
+      offsets: offsets.map((o) => ({ ...o, leaderEpoch: -1 })),
+    };
+    for (let attempt = 0;; attempt++) {
+      if (this.#stop.signal.aborted) throw new Error("kafka consumer is closed");
+      const client = this.#client;
+      if (client) {
+        try {
+          await client.commit(request);
+          return;
+        } catch (error) {
+          if (this.#stop.signal.aborted) throw error;
+          this.#log.warn("kafka commit failed, retrying", { error, attempt });
+        }
+      }
+      await delay(
+        Math.max(50, backoffWithJitter(attempt, RETRY_BASE, RETRY_CAP)),
+        this.#stop.signal,
+      );
+    }
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ConsumedMessage> {
+    if (this.#iterating) throw new Error("a kafka consumer can be iterated only once");
+    this.#iterating = true;
+    return {
+      next: async (): Promise<IteratorResult<ConsumedMessage>> => {
+        while (true) {
+          const message = this.#buffer.shift();
+          if (message) {
+            if (this.#buffer.length < this.#maxBuffered / 2 && this.#stream?.isPaused()) {
+              this.#stream.resume();
+            }
+            return { value: message, done: false };
+          }
+          if (this.#stop.signal.aborted) return { value: undefined, done: true };
+          await new Promise<void>((resolve) => (this.#wake = resolve));
+        }
+      },
+      return: (): Promise<IteratorResult<ConsumedMessage>> => {
+        return this.close().then(() => ({ value: undefined, done: true }));
+      },
+    };
+  }
+
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      this.#stop.abort();
+      this.#wakeReader();
+      await this.#closeStream();
+      await this.#running.catch(() => {});
+      await this.#dropClient(false);
+      await this.#lister?.close().catch(() => {});
+    })();
+    return this.#closing;
+  }
+
+  #wakeReader() {
+    const wake = this.#wake;
+    this.#wake = undefined;
+    wake?.();
+  }
+
+  async #run(): Promise<void> {
+    const refresh = this.#opts.topicRefreshMs ?? 5 * SECOND;
+    const watcher = setInterval(() => void this.#checkTopics(), refresh);
+    let attempt = 0;
+    try {
+      while (!this.#stop.signal.aborted) {
+        let failed = false;
+        try {
+          const topics = await this.#resolveTopics();
+          if (topics.length === 0) {
+            this.#subscribed = [];
+            await delay(refresh, this.#stop.signal);
+            continue;
+          }
+          const client = this.#client ??= this.#newClient();
+          this.#restartRequested = false;
+          const stream = await client.consume({
+            topics,
+            mode: "committed",
+            fallbackMode: this.#opts.startFrom ?? "earliest",
+            autocommit: false,
+            maxWaitTime: this.#opts.maxWaitMs ?? 500,
+            sessionTimeout: this.#opts.sessionTimeoutMs ?? 30 * SECOND,
+            heartbeatInterval: this.#opts.heartbeatIntervalMs ?? 3 * SECOND,
+          }).catch((error) => {
+            // A consume that failed (e.g. its join) leaves its topics tracked;
+            // the next one would then see no change, skip the join and fetch
+            // without being a member.
+            client.topics.untrackAll(...topics);
+            throw error;
+          });
+          if (this.#stop.signal.aborted) {
+            await stream.close();
+            break;
+          }
+          this.#forgetTopicsNotIn(topics);
+          this.#stream = stream;
+          this.#subscribed = topics;
+          this.#log.info("kafka consumer subscribed", { topics: topics.length });
+          attempt = 0;
+          await this.#pump(stream);
+        } catch (error) {
+          if (this.#stop.signal.aborted) break;
+          if (this.#restartRequested) continue;
+          failed = true;
+          this.#log.warn("kafka consumer failed, reconnecting", { error, attempt });
+        } finally {
+          await this.#closeStream();
+        }
+        if (failed) {
+          // The same client first: it rejoins under its member id, which the
+          // coordinator (which keeps members across its own restart) accepts at
+          // once, whereas a new member waits for the old one's session to
+          // expire. Only when that keeps failing, start over with a fresh one.
+          if (attempt >= 10) await this.#dropClient(true);
+          await delay(backoffWithJitter(attempt++, 200, RETRY_CAP) + 50, this.#stop.signal);
+        }
+      }
+    } finally {
+      clearInterval(watcher);
+    }
+  }
+
+  #newClient(): Consumer<string, Buffer, string, string> {
+    const client = new Consumer<string, Buffer, string, string>({
+      ...baseOptions(this.#opts),
+      retries: 5,
+      groupId: this.#opts.groupId,
+      autocommit: false,
+      deserializers: {
+        key: stringDeserializer,
+        value: identityBuffer,
+        headerKey: stringDeserializer,
+        headerValue: stringDeserializer,
+      },
+    });
+    // Without a listener an emitted 'error' would crash the process.
+    client.on("error", (error: Error) => this.#log.warn("kafka consumer error", { error }));
+    client.on(
+      "consumer:heartbeat:error",
+      (payload: { error: Error }) =>
+        this.#log.debug("kafka heartbeat failed", { error: payload.error }),
+    );
+    return client;
+  }
+
+  async #dropClient(force: boolean): Promise<void> {
+    const client = this.#client;
+    this.#client = undefined;
+    if (!client) return;
+    // Leaving the group needs the broker; when it is gone, don't wait for it.
+    const closing = client.close(force).catch(() => {});
+    const timedOut = await Promise.race([
+      closing.then(() => false),
+      delay(5 * SECOND).then(() => true),
+    ]);
+    if (timedOut) await client.close(true).catch(() => {});
+  }
+
+  async #closeStream(): Promise<void> {
+    const stream = this.#stream;
+    this.#stream = undefined;
+    if (stream && !stream.destroyed) await stream.close().catch(() => {});
+  }
+
+  // Resolves when the stream ends: closed for a re-subscription or close(),
+  // or failed (then rejects).
+  #pump(stream: MessagesStream<string, Buffer, string, string>): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      stream.on("data", (m: RawMessage) => {
+        const key = partitionKey(m.topic, m.partition);
+        const next = this.#delivered.get(key);
+        if (next !== undefined && m.offset < next) return;
+        this.#delivered.set(key, m.offset + 1n);
+        const headers: Record<string, string> = {};
+        for (const [k, v] of m.headerEntries) headers[k] = v ?? "";
+        this.#buffer.push({
+          topic: m.topic,
+          partition: m.partition,
+          offset: m.offset,
+          key: m.key ?? "",
+          value: m.value ?? new Uint8Array(0),
+          headers,
+          timestamp: Number(m.timestamp),
+        });
+        if (this.#buffer.length >= this.#maxBuffered) stream.pause();
+        this.#wakeReader();
+      });
+      stream.once("error", (error: Error) => reject(error));
+      stream.once("close", () => resolve());
+    });
+  }
+
+  #forgetTopicsNotIn(topics: string[]) {
+    const keep = new Set(topics);
+    for (const key of this.#delivered.keys()) {
+      // A topic that left the selection may be deleted and created anew, with
+      // offsets from 0 again.
+      if (!keep.has(key.slice(0, key.indexOf("\u0000")))) this.#delivered.delete(key);
+    }
+  }
+
+  async #resolveTopics(): Promise<string[]> {
+    const selection = this.#selection;
+    let topics: string[];
+    if (Array.isArray(selection)) topics = selection;
+    else if (selection instanceof RegExp) {
+      this.#lister ??= createAdmin({ ...this.#opts, clientId: `${this.#opts.clientId}-topics` });
+      topics = (await this.#lister.listTopics()).filter((t) => selection.test(t));
+    } else topics = await selection();
+    return [...new Set(topics)].sort();
+  }
+
+  async #checkTopics(): Promise<void> {
+    if (this.#stop.signal.aborted || !this.#stream) return;
+    let topics: string[];
+    try {
+      topics = await this.#resolveTopics();
+    } catch (error) {
+      this.#log.debug("kafka topic refresh failed", { error });
+      return;
+    }
+    if (sameTopics(topics, this.#subscribed) || !this.#stream) return;
+    this.#log.info("kafka consumer topics changed, resubscribing", {
+      before: this.#subscribed.length,
+      after: topics.length,
+    });
+    this.#restartRequested = true;
+    await this.#closeStream();
+  }
+}

@@ -1,0 +1,104 @@
+/**
+ * The idempotent producer: `send` resolves after the broker acknowledged
+ * every message (acks=all), with the offset each got.
+ */
+import { Buffer } from "node:buffer";
+import { murmur2, Producer, stringSerializer } from "@platformatic/kafka";
+import {
+  baseOptions,
+  identityBuffer,
+  type KafkaClientOptions,
+  partitionKey,
+  toBuffer,
+  type TopicPartitionOffset,
+} from "./client.ts";
+
+/** One message to produce. */
+export interface ProduceMessage {
+  topic: string;
+  /** Chooses the partition (murmur2, as the Java client does) unless `partition` is given. */
+  key: string;
+  value: string | Uint8Array;
+  headers?: Record<string, string>;
+  partition?: number;
+}
+
+/** An idempotent producer. */
+export interface KafkaProducer {
+  /**
+   * Writes `messages` and resolves only after the broker acknowledged all of
+   * them (acks=all), with the partition and offset each got (in the order
+   * given); rejects when they could not be
+   * written (then none, some or all may have been).
+   */
+  send(messages: ProduceMessage[]): Promise<TopicPartitionOffset[]>;
+  close(): Promise<void>;
+}
+
+/** Options of `createProducer`. */
+export interface ProducerOptions extends KafkaClientOptions {
+  /**
+   * How often one send is retried (network errors, leader changes) before it
+   * rejects. Default: without limit, so a send waits out a broker restart;
+   * `close()` still ends it.
+   */
+  retries?: number;
+}
+
+export function createProducer(opts: ProducerOptions): KafkaProducer {
+  const producer = new Producer<string, Buffer, string, string>({
+    ...baseOptions(opts),
+    idempotent: true,
+    acks: -1,
+    // The library treats an unset count on an idempotent producer as "without limit".
+    ...(opts.retries === undefined ? {} : { retries: opts.retries }),
+    serializers: {
+      key: stringSerializer,
+      value: identityBuffer,
+      headerKey: stringSerializer,
+      headerValue: stringSerializer,
+    },
+  });
+  let closed = false;
+  return {
+    async send(messages) {
+      if (messages.length === 0) return [];
+      // Partitions are chosen here, as the Java client does (murmur2 & 0x7fffffff),
+      // so that every producer of a key agrees on its partition and so that
+      // each message's offset can be told from the per-partition base offsets.
+      const topics = [...new Set(messages.map((m) => m.topic))];
+      const metadata = await producer.metadata({ topics });
+      const partitions = messages.map((m) => {
+        if (m.partition !== undefined) return m.partition;
+        const count = metadata.topics.get(m.topic)?.partitionsCount ?? 1;
+        return (murmur2(Buffer.from(m.key, "utf8")) & 0x7fffffff) % count;
+      });
+      const result = await producer.send({
+        messages: messages.map((m, i) => ({
+          topic: m.topic,
+          key: m.key,
+          value: toBuffer(m.value),
+          headers: m.headers ? new Map(Object.entries(m.headers)) : undefined,
+          partition: partitions[i],
+        })),
+      });
+      const base = new Map<string, bigint>();
+      for (const o of result.offsets ?? []) {
+        base.set(partitionKey(o.topic, o.partition), BigInt(o.offset));
+      }
+      // A produce request appends each partition's messages in send order.
+      const next = new Map<string, bigint>();
+      return messages.map((m, i) => {
+        const key = partitionKey(m.topic, partitions[i]);
+        const offset = next.get(key) ?? base.get(key) ?? -1n;
+        next.set(key, offset + 1n);
+        return { topic: m.topic, partition: partitions[i], offset };
+      });
+    },
+    async close() {
+      if (closed) return;
+      closed = true;
+      await producer.close();
+    },
+  };
+}
