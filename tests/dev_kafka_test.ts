@@ -64,11 +64,16 @@ Deno.test("dev kafka: a bad variable or command is one line and exit 2", async (
 Deno.test("dev kafka: status of a broker that is not running is 'stopped' with exit 3", async () => {
   const dir = await Deno.makeTempDir({ prefix: "poimen-kafka-" });
   try {
-    // A port where nothing listens: no pid file here and no broker answering.
-    const status = await cli(["status"], { KAFKA_DIR: dir, KAFKA_PORT: String(freePort()) });
-    assert.equal(status.code, 3);
+    // A port where nothing listens and an empty directory: no pid file and
+    // no broker answering, whatever runs on the default port meanwhile.
+    const env = { KAFKA_DIR: dir, KAFKA_PORT: String(freePort()) };
+    const status = await cli(["status"], env);
+    assert.equal(status.code, 3, status.stdout + status.stderr);
     assert.equal(status.stdout, "kafka stopped");
-    assert.equal(await brokerRunning({ ...brokerOptionsFromEnv(), dir }), undefined);
+    // The helpers agree, asked about the same broker.
+    const opts = brokerOptionsFromEnv(env);
+    assert.equal(await brokerRunning(opts), undefined);
+    assert.equal(await brokerAnswers(brokerAddress(opts)), false);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -11,7 +11,7 @@
  * other files sharing the broker run in any order.
  */
 import assert from "node:assert/strict";
-import { brokerRunning, startBroker, stopBroker } from "../dev/kafka.ts";
+import { startBroker } from "../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
 import { createProducer, type KafkaProducer, type ProduceMessage } from "../kafka/producer.ts";
@@ -28,7 +28,7 @@ import {
   runCommand,
   sampleValue,
 } from "./support/processes.ts";
-import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
+import { BROKER, KAFKA_TEST, type PrivateBroker, privateBroker } from "./support/kafka.ts";
 
 const BROKERS = [BROKER];
 const TOPICS = { partitions: 3, replicationFactor: 1, retentionMs: 3_600_000 };
@@ -50,6 +50,10 @@ function suffix(): string {
 }
 
 interface Ctx {
+  /** The broker of this test: its own when it asked for one, else the shared one. */
+  brokers: string[];
+  /** This test's own broker, if it asked for one (`ownBroker`). */
+  broker: PrivateBroker | undefined;
   db: TestDatabase;
   tenant: string;
   /** The tenant's own token (for HTTP calls as the tenant). */
@@ -83,20 +87,32 @@ async function newTenantToken(db: TestDatabase, tenant: string): Promise<string>
   return out.stdout.trim();
 }
 
-/** Runs `fn` with a database, a tenant with topics, tokens, and process starters; tears all down. */
-function relayTest(name: string, fn: (ctx: Ctx) => Promise<void>, timeoutNote = "") {
+/**
+ * Runs `fn` with a database, a tenant with topics, tokens, and process
+ * starters; tears all down. With `ownBroker`, everything talks to a broker
+ * of the test's own, which it may take down without disturbing anything else.
+ */
+function relayTest(
+  name: string,
+  fn: (ctx: Ctx) => Promise<void>,
+  { ownBroker = false }: { ownBroker?: boolean } = {},
+) {
   Deno.test({
-    name: `inbox_relay: ${name}${timeoutNote}`,
+    name: `inbox_relay: ${name}`,
     ...KAFKA_TEST,
     fn: async () => {
+      await using broker = ownBroker ? await privateBroker() : undefined;
+      const brokers = broker ? [broker.address] : BROKERS;
       const run = suffix();
       const tenant = `ir-${run}`;
       const db = await freshDatabase();
-      const admin = createAdmin({ brokers: BROKERS, clientId: "poimen-test" });
-      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const admin = createAdmin({ brokers, clientId: "poimen-test" });
+      const producer = createProducer({ brokers, clientId: "poimen-test" });
       const relays: Relay[] = [];
       const tenants = [tenant];
       const ctx: Ctx = {
+        brokers,
+        broker,
         db,
         tenant,
         tenantToken: await newTenantToken(db, tenant),
@@ -121,7 +137,7 @@ function relayTest(name: string, fn: (ctx: Ctx) => Promise<void>, timeoutNote = 
         startRelay(env = {}) {
           const metricsPort = freePort();
           const relay = new PoimenProcess("relay", {
-            KAFKA_BROKERS: BROKERS.join(","),
+            KAFKA_BROKERS: brokers.join(","),
             API_URL: `http://127.0.0.1:${ctx.apiPort}`,
             RELAY_TOKEN: ctx.serviceToken,
             RELAY_METRICS_PORT: String(metricsPort),
@@ -331,7 +347,8 @@ relayTest("broker down: a queued message is admitted once it is back", async (ct
     await caughtUp(relay, ctx.tenant);
     await waitFor("the warm-up run", async () => (await countRuns(ctx.db, ctx.tenant)) === 2, LONG);
 
-    assert.equal(await stopBroker(), true, "the broker was running");
+    const broker = ctx.broker!;
+    assert.equal(await broker.stop(), true, "the broker was running");
     const key = `k-${suffix()}`;
     // The publisher waits out the outage (its send retries until acknowledged).
     let sent = false;
@@ -342,15 +359,11 @@ relayTest("broker down: a queued message is admitted once it is back", async (ct
       if (s === "failed") throw new Error("the sleep run failed");
       return s === "succeeded";
     }, 30 * SECOND);
-    assert.equal(
-      await brokerRunning(),
-      undefined,
-      "the broker is still down (did another process start it?)",
-    );
+    assert.equal(await broker.running(), false, "the broker is still down");
     assert.equal(sent, false, "nothing can be acknowledged while the broker is down");
     assert.ok(!relay.exited, "the relay outlives the broker");
 
-    await startBroker();
+    await broker.start();
     await sending;
     await waitFor(
       "the run of the message published during the outage",
@@ -363,12 +376,12 @@ relayTest("broker down: a queued message is admitted once it is back", async (ct
     await caughtUp(relay, ctx.tenant);
     assert.equal(await countRuns(ctx.db, ctx.tenant), 3, "nothing admitted twice");
   } finally {
-    // Whatever happened above, the broker is up for the next test.
-    await startBroker();
+    // Whatever happened above, the broker is up for the harness's teardown.
+    await ctx.broker!.start();
     await sending?.catch(() => {});
     await worker.stop();
   }
-});
+}, { ownBroker: true });
 
 relayTest(
   "malformed messages are dead-lettered with why and where; the relay keeps draining",
@@ -458,7 +471,7 @@ relayTest(
 
     // The CLI lists them; after the limit is raised, a redrive admits the big one.
     const env = {
-      KAFKA_BROKERS: BROKERS.join(","),
+      KAFKA_BROKERS: ctx.brokers.join(","),
       API_URL: ctx.api!.url,
       POIMEN_TOKEN: ctx.serviceToken,
       LOG_LEVEL: "warn",

@@ -1,13 +1,13 @@
 /**
  * The outbox relay end to end: real Postgres, the real development broker
- * and real `main.ts outbox` processes. Each test has its own database and
+ * (a private one for the outage) and real `main.ts outbox` processes. Each test has its own database and
  * its own tenant (hence its own topic) and reads with a fresh consumer group
  * from the earliest offset.
  *
  *   deno test -A tests/it_outbox_relay_test.ts
  */
 import assert from "node:assert/strict";
-import { startBroker, stopBroker } from "../dev/kafka.ts";
+import { startBroker } from "../dev/kafka.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { insertTenant } from "../db/auth.ts";
@@ -27,7 +27,7 @@ import {
   runCommand,
   sampleValue,
 } from "./support/processes.ts";
-import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
+import { BROKER, consume, KAFKA_TEST, privateBroker } from "./support/kafka.ts";
 
 const BROKERS = BROKER;
 
@@ -300,6 +300,8 @@ Deno.test({
   name: "outbox_relay: broker down, events wait in postgres and are all shipped when it returns",
   ...KAFKA_TEST,
   async fn() {
+    // A broker of this test's own, so taking it down disturbs nothing else.
+    await using broker = await privateBroker();
     const db = await freshDatabase();
     const tenant = newTenant();
     const topic = eventsTopic(tenant);
@@ -307,7 +309,7 @@ Deno.test({
     let consumer: KafkaConsumer | undefined;
     try {
       await insertTenant(db.sql, tenant);
-      proc = outbox(db, { OUTBOX_RETRY_MAX_MS: "1000" });
+      proc = outbox(db, { OUTBOX_RETRY_MAX_MS: "1000", KAFKA_BROKERS: broker.address });
       const before = await admitRuns(db.sql, tenant, 10);
       await waitFor("first events published", async () => {
         if (proc!.exited) throw new Error(proc!.logs().join("\n"));
@@ -316,7 +318,7 @@ Deno.test({
 
       let after: string[] = [];
       try {
-        await stopBroker();
+        assert.equal(await broker.stop(), true, "the broker was running");
         // Admission needs Postgres only: it keeps working.
         after = await admitRuns(db.sql, tenant, 20);
         await appendEvents(db.sql, tenant, after, 2, 3);
@@ -328,14 +330,14 @@ Deno.test({
         const waiting = (await events(db.sql, tenant)).filter((r) => after.includes(r.run_id));
         assert.ok(waiting.every((r) => r.published_at === null));
       } finally {
-        await startBroker();
+        await broker.start();
       }
 
       await waitFor("every event shipped after the broker returned", async () => {
         if (proc!.exited) throw new Error(proc!.logs().join("\n"));
         return (await pendingCount(db.sql, tenant)) === 0;
       }, 120_000);
-      const c = consume(topic);
+      const c = consume(topic, broker.address);
       consumer = c.consumer;
       const expected = before.length + after.length * 3;
       const distinct = () =>

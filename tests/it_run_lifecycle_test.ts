@@ -6,7 +6,6 @@
  * Postgres, and all of them are shipped once it is back.
  */
 import assert from "node:assert/strict";
-import { startBroker, stopBroker } from "../dev/kafka.ts";
 import { type ConsumedMessage } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
@@ -14,11 +13,9 @@ import { eventsTopic } from "../contracts/topics.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
-import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
+import { consume, KAFKA_TEST, privateBroker } from "./support/kafka.ts";
 
 const LONG = 90 * SECOND;
-
-await startBroker();
 
 interface Event {
   run_id: string;
@@ -32,12 +29,15 @@ Deno.test({
   name: "queue outbox_relay: a run admitted over HTTP runs, and its events reach Kafka in order",
   ...KAFKA_TEST,
   async fn() {
+    // A broker of this test's own, so taking it down disturbs nothing else.
+    await using broker = await privateBroker();
+
     const db = await freshDatabase();
     const tenant = `life-${crypto.randomUUID().slice(0, 8)}`;
     const tok = await runCommand("token", [tenant], { DATABASE_URL: db.url });
     assert.equal(tok.code, 0, tok.stderr);
     const token = tok.stdout.trim();
-    const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
+    const admin = createAdmin({ brokers: [broker.address], clientId: "poimen-test" });
     await ensureTenantTopics(admin, tenant, {
       partitions: 3,
       replicationFactor: 1,
@@ -45,11 +45,11 @@ Deno.test({
     });
     await admin.close();
 
-    const env = { DATABASE_URL: db.url, KAFKA_BROKERS: BROKER, LOG_LEVEL: "warn" };
+    const env = { DATABASE_URL: db.url, KAFKA_BROKERS: broker.address, LOG_LEVEL: "warn" };
     const api = new ApiProcess(env);
     const worker = new PoimenProcess("worker", { ...env, WORKER_POLL_MS: "200" });
     const outbox = new PoimenProcess("outbox", { ...env, OUTBOX_POLL_MS: "100" });
-    const { got, consumer } = consume(eventsTopic(tenant));
+    const { got, consumer } = consume(eventsTopic(tenant), broker.address);
     const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
     const admit = async (body: unknown) => {
       const res = await fetch(`${api.url}/v1/runs`, {
@@ -99,7 +99,7 @@ Deno.test({
       assert.equal(new Set(mine.map((m) => m.partition)).size, 1, "one run, one partition");
 
       // The broker goes down: admission and execution go on, events wait.
-      await stopBroker();
+      assert.equal(await broker.stop(), true, "the broker was running");
       try {
         const ids = await Promise.all(
           Array.from({ length: 20 }, (_, i) => admit({ workflow_ref: "echo", input: { i } })),
@@ -115,7 +115,7 @@ Deno.test({
            where tenant_id = ${tenant} and published_at is null`;
         assert.equal(pending.n, 60, "3 events per run wait in Postgres");
       } finally {
-        await startBroker();
+        await broker.start();
       }
 
       // Back: every event shipped; deduped by (run_id, seq), each run has 1, 2, 3.

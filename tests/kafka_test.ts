@@ -6,13 +6,7 @@
  *   deno test -A tests/kafka_test.ts
  */
 import assert from "node:assert/strict";
-import {
-  brokerAddress,
-  type BrokerOptions,
-  brokerOptionsFromEnv,
-  startBroker,
-  stopBroker,
-} from "../dev/kafka.ts";
+import { brokerAddress, startBroker } from "../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../kafka/consumer.ts";
 import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
@@ -20,6 +14,7 @@ import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../contract
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
+import { privateBroker } from "./support/kafka.ts";
 import { SECOND } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
@@ -238,35 +233,19 @@ Deno.test(
   },
 );
 
-function freePort(): number {
-  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = (listener.addr as Deno.NetAddr).port;
-  listener.close();
-  return port;
-}
-
 Deno.test(
   "kafka: messages and the consumer survive a broker stop and start",
   async () => {
-    // A broker of this test's own (shared jars, own ports and data): stopping
-    // the shared one would break whatever else is using it meanwhile.
-    const shared = brokerOptionsFromEnv();
-    const dir = await Deno.makeTempDir({ prefix: "poimen-kafka-restart-" });
-    const own: BrokerOptions = {
-      port: freePort(),
-      controllerPort: freePort(),
-      dir,
-      libs: shared.libs,
-      heap: "384m",
-    };
-    const brokers = [brokerAddress(own)];
+    // A broker of this test's own: stopping the shared one would break
+    // whatever else is using it meanwhile.
+    await using broker = await privateBroker();
+    const brokers = [broker.address];
     const run = suffix();
     const tenant = `restart-${run}`;
     const topic = dispatchTopic(tenant);
     const lines: string[] = [];
     const logger = createLogger("test", "debug", (line) => lines.push(line));
     try {
-      await startBroker(own);
       const admin = createAdmin({ brokers, clientId: "poimen-test" });
       await ensureTenantTopics(admin, tenant, {
         partitions: 1,
@@ -288,7 +267,7 @@ Deno.test(
         await producer.send([{ topic, key: `${tenant}/before`, value: "before" }]);
         await waitFor("the message before the stop", () => survived.length >= 1);
 
-        assert.equal(await stopBroker(own), true);
+        assert.equal(await broker.stop(), true);
         // Keep the broker down until the consumer noticed (its fetch retries ran
         // out), so what follows exercises its reconnect, not a brief hiccup.
         await waitFor(
@@ -296,7 +275,7 @@ Deno.test(
           () => lines.some((l) => l.includes("kafka consumer failed")),
           90 * SECOND,
         );
-        await startBroker(own);
+        await broker.start();
 
         // The message written before the stop is still there for a new group.
         const fresh = createConsumer({
@@ -328,9 +307,6 @@ Deno.test(
     } catch (error) {
       if (Deno.env.get("KAFKA_TEST_DEBUG")) console.error(lines.join("\n"));
       throw error;
-    } finally {
-      await stopBroker(own);
-      await Deno.remove(dir, { recursive: true });
     }
   },
 );

@@ -1,8 +1,18 @@
 /** What the Kafka-facing tests share: the broker, sanitizer settings, a collecting consumer. */
-import { brokerAddress } from "../../dev/kafka.ts";
+import {
+  brokerAddress,
+  brokerOptionsFromEnv,
+  brokerRunning,
+  startBroker,
+  stopBroker,
+} from "../../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../../kafka/consumer.ts";
+import { freePort } from "./processes.ts";
 
-/** The development broker the tests use (`deno task kafka start`; CI starts it). */
+/**
+ * The development broker the tests share (`deno task kafka start`; CI starts
+ * it). No test stops it: one that needs an outage takes a `privateBroker()`.
+ */
 export const BROKER = brokerAddress();
 
 /**
@@ -12,13 +22,73 @@ export const BROKER = brokerAddress();
  */
 export const KAFKA_TEST = { sanitizeOps: false, sanitizeResources: false };
 
+/** A broker of one test's own, which it may stop and start at will. */
+export interface PrivateBroker {
+  /** Its bootstrap address, `127.0.0.1:<port>`; the same across stop/start. */
+  readonly address: string;
+  /** Starts it again (its data kept); resolves once it answers clients. */
+  start(): Promise<void>;
+  /** Stops it and waits for the exit; resolves false when it was not running. */
+  stop(): Promise<boolean>;
+  /** Whether its process is alive. */
+  running(): Promise<boolean>;
+  /** Stops it and removes its data; safe to call twice. */
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
 /**
- * A consumer of `topic` from the earliest offset, in a group of its own,
- * collecting into `got` in the background until `consumer.close()`.
+ * Starts a broker on free ports with a data directory of its own (the jars
+ * are shared with the development broker's), for a test that takes the
+ * broker down: stopping the shared one would break whatever else uses it,
+ * and a broker started elsewhere on 9092 (another checkout, `deno task up`)
+ * is not this test's to stop. Use with `await using`.
  */
-export function consume(topic: string): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
+export async function privateBroker(): Promise<PrivateBroker> {
+  const dir = await Deno.makeTempDir({ prefix: "poimen-test-kafka-" });
+  const opts = {
+    port: freePort(),
+    controllerPort: freePort(),
+    dir,
+    libs: brokerOptionsFromEnv().libs,
+    heap: "384m",
+  };
+  let disposed = false;
+  const broker: PrivateBroker = {
+    address: brokerAddress(opts),
+    async start() {
+      const started = await startBroker(opts);
+      // Something else answering on our port would make every outage a lie.
+      if (started.pid === undefined) throw new Error(`${broker.address} is not this test's broker`);
+    },
+    stop: () => stopBroker(opts),
+    running: async () => (await brokerRunning(opts)) !== undefined,
+    async [Symbol.asyncDispose]() {
+      if (disposed) return;
+      disposed = true;
+      await stopBroker(opts);
+      await Deno.remove(dir, { recursive: true });
+    },
+  };
+  try {
+    await broker.start();
+  } catch (error) {
+    await broker[Symbol.asyncDispose]().catch(() => {});
+    throw error;
+  }
+  return broker;
+}
+
+/**
+ * A consumer of `topic` on `broker` (default: the shared one) from the
+ * earliest offset, in a group of its own, collecting into `got` in the
+ * background until `consumer.close()`.
+ */
+export function consume(
+  topic: string,
+  broker = BROKER,
+): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
   const consumer = createConsumer({
-    brokers: [BROKER],
+    brokers: [broker],
     clientId: "poimen-test",
     groupId: `test-${crypto.randomUUID()}`,
     topics: [topic],
