@@ -14,7 +14,7 @@ import type { ApiMetrics } from "./metrics.ts";
 import { problemResponse } from "./problem.ts";
 import { runsRoutes } from "./runs.ts";
 import { openApiDocument } from "./openapi.ts";
-import { SECOND } from "../core/time.ts";
+import { abortable, checkReadiness } from "../core/health.ts";
 
 /** Hono's typing of our context variables. */
 export type ApiEnv = { Variables: { principal: Principal } };
@@ -56,15 +56,12 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
 
   app.get("/healthz", (c) => c.json({ status: "ok" }));
   app.get("/readyz", async (c) => {
-    try {
-      await Promise.race([
-        ping(deps.sql),
-        new Promise((_, reject) => setTimeout(() => reject(new Error("timeout")), 2 * SECOND)),
-      ]);
-      return c.json({ status: "ready" });
-    } catch (err) {
-      throw new PoimenError("database-unavailable", "the database does not answer", { cause: err });
-    }
+    const { ready, checks } = await checkReadiness(
+      { postgres: (signal) => abortable(ping(deps.sql), signal) },
+      log,
+    );
+    if (ready) return c.json({ status: "ready", checks });
+    throw new PoimenError("database-unavailable", "the database does not answer");
   });
   app.get("/metrics", async (c) => {
     c.header("content-type", metrics.registry.contentType);

@@ -37,13 +37,18 @@ export function processEnv(): Record<string, string | undefined> {
 /** A TCP port. */
 export const port = (fallback: number) =>
   z.coerce.number().int().min(0).max(65535).default(fallback);
-/** An optional TCP port: unset means "serve none". */
-export const optionalPort = () => z.coerce.number().int().min(0).max(65535).optional();
 /** A positive integer. */
 export const positiveInt = (fallback: number) =>
   z.coerce.number().int().positive().default(fallback);
 /** A duration in milliseconds. */
 export const millis = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
+
+/**
+ * Where each background process serves `/metrics`, `/healthz` and `/readyz`
+ * unless told otherwise (the API serves them on its own PORT): one port each,
+ * so the three run side by side on one host. 0 picks a free port (logged).
+ */
+export const DEFAULT_METRICS_PORTS = { relay: 9465, worker: 9466, outbox: 9467 } as const;
 
 export const DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/poimen";
 export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";

@@ -1,10 +1,12 @@
 /**
  * The small HTTP server each background process (worker, outbox, relay)
- * exposes: `/metrics` (Prometheus text of its own registry) and `/healthz`.
- * The API serves the same paths from its hono app instead.
+ * exposes on its metrics port: `/metrics` (Prometheus text of its own
+ * registry), `/healthz` (alive) and `/readyz` (its dependencies answer; see
+ * core/health.ts). The API serves the same paths from its hono app instead.
  */
 import type client from "prom-client";
 import type { Logger } from "./log.ts";
+import { checkReadiness, type Probe } from "./health.ts";
 
 export interface MetricsServer {
   server: Deno.HttpServer;
@@ -12,17 +14,25 @@ export interface MetricsServer {
   port: number;
 }
 
+export interface MetricsServerOptions {
+  /** Adds fields to the `/healthz` JSON. */
+  health?: () => Record<string, unknown>;
+  /** The dependencies `/readyz` probes, by name. */
+  probes?: Record<string, Probe>;
+}
+
 /**
- * Serves `/metrics` and `/healthz` on `hostname:port` (port 0: a free one);
- * resolves once listening. `health` adds fields to the `/healthz` JSON.
+ * Serves `/metrics`, `/healthz` and `/readyz` on `hostname:port` (port 0: a
+ * free one); resolves once listening.
  */
 export async function serveMetrics(
   registry: client.Registry,
   hostname: string,
   port: number,
   log: Logger,
-  health: () => Record<string, unknown> = () => ({}),
+  options: MetricsServerOptions = {},
 ): Promise<MetricsServer> {
+  const { health = () => ({}), probes = {} } = options;
   const listening = Promise.withResolvers<number>();
   const server = Deno.serve({
     hostname,
@@ -39,6 +49,12 @@ export async function serveMetrics(
       });
     }
     if (path === "/healthz") return Response.json({ status: "ok", ...health() });
+    if (path === "/readyz") {
+      const { ready, checks } = await checkReadiness(probes, log);
+      return Response.json({ status: ready ? "ready" : "not-ready", checks }, {
+        status: ready ? 200 : 503,
+      });
+    }
     return new Response("not found\n", { status: 404 });
   });
   return { server, port: await listening.promise };

@@ -12,6 +12,7 @@ import {
   brokerList,
   DEFAULT_DATABASE_URL,
   DEFAULT_KAFKA_BROKERS,
+  DEFAULT_METRICS_PORTS,
   kafkaEnv,
   processEnv,
   readEnv,
@@ -25,9 +26,15 @@ const UpEnv = z.object({
   DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
   ...kafkaEnv,
   PORT: z.coerce.number().int().min(1).max(65535).default(8080),
-  RELAY_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9465),
-  WORKER_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9466),
-  OUTBOX_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(9467),
+  RELAY_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
+    DEFAULT_METRICS_PORTS.relay,
+  ),
+  WORKER_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
+    DEFAULT_METRICS_PORTS.worker,
+  ),
+  OUTBOX_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
+    DEFAULT_METRICS_PORTS.outbox,
+  ),
   DEV_TENANT: z.string().regex(/^[a-z0-9_-]{1,63}$/).default("dev"),
 });
 
@@ -156,16 +163,21 @@ export async function up(): Promise<number> {
     await delay(200);
   }
 
+  // Each serves /metrics, /healthz and /readyz on the port shown.
+  const ports = `
+  api           ${apiUrl}
+  worker        http://127.0.0.1:${config.WORKER_METRICS_PORT}
+  outbox        http://127.0.0.1:${config.OUTBOX_METRICS_PORT}
+  relay         http://127.0.0.1:${config.RELAY_METRICS_PORT}`;
   say("poimen is up:");
   out(`
-  API           ${apiUrl}            (OpenAPI: ${apiUrl}/openapi.json, metrics: ${apiUrl}/metrics)
-  relay metrics http://127.0.0.1:${config.RELAY_METRICS_PORT}/metrics
-  worker metrics http://127.0.0.1:${config.WORKER_METRICS_PORT}/metrics
-  outbox metrics http://127.0.0.1:${config.OUTBOX_METRICS_PORT}/metrics
+  API           ${apiUrl}  (OpenAPI: ${apiUrl}/openapi.json)
   Postgres      ${new URL(config.DATABASE_URL).host}${new URL(config.DATABASE_URL).pathname}
   Kafka         ${config.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq)
   tenant        ${config.DEV_TENANT}
   token         ${token}
+
+  /metrics, /healthz (alive) and /readyz (dependencies answer) of each process:${ports}
 
   Try:
     curl -s -X POST ${apiUrl}/v1/runs \\

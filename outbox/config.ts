@@ -2,10 +2,11 @@
 import { z } from "zod";
 import {
   databaseEnv,
+  DEFAULT_METRICS_PORTS,
   kafkaEnv,
   logEnv,
   millis,
-  optionalPort,
+  port,
   positiveInt,
   readEnv,
 } from "../core/config.ts";
@@ -36,8 +37,8 @@ export const outboxEnvSchema = z.object({
   OUTBOX_RETRY_MAX_MS: z.coerce.number().int().min(10).default(5 * SECOND),
   /** How long a graceful stop waits for the batch in flight before abandoning it. */
   OUTBOX_SHUTDOWN_MS: millis(10 * SECOND),
-  /** Unset: no metrics endpoint. */
-  OUTBOX_METRICS_PORT: optionalPort(),
+  /** `/metrics`, `/healthz` and `/readyz`; 0 picks a free port (logged). */
+  OUTBOX_METRICS_PORT: port(DEFAULT_METRICS_PORTS.outbox),
   /** Metrics endpoint bind address. */
   OUTBOX_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
 });

@@ -1,7 +1,7 @@
 /**
  * `main.ts outbox`: the outbox relay process. Reads its configuration, opens
- * the pool and the Kafka clients, runs an `OutboxRelay` (and, when
- * OUTBOX_METRICS_PORT is set, `/metrics` and `/healthz`) until SIGTERM/SIGINT,
+ * the pool and the Kafka clients, runs an `OutboxRelay` and its `/metrics`,
+ * `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT,
  * then lets the batch in flight finish and closes producer, admin and pool.
  */
 import client from "prom-client";
@@ -9,7 +9,8 @@ import { brokerList, processEnv } from "../core/config.ts";
 import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { outboxStats } from "../db/outbox.ts";
-import { createPool, type Sql } from "../db/pool.ts";
+import { createPool, ping, type Sql } from "../db/pool.ts";
+import { abortable } from "../core/health.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { readOutboxConfig } from "./config.ts";
@@ -59,9 +60,7 @@ export async function main(_args: string[]): Promise<number> {
     log,
     hooks: metrics.hooks,
   });
-  const metricsAt = cfg.OUTBOX_METRICS_PORT === undefined
-    ? undefined
-    : { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
+  const metricsAt = { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
   await runUntilSignal(outboxProcess(relay, sql, registry, metricsAt, log), log);
   return 0;
 }
@@ -71,15 +70,16 @@ function outboxProcess(
   relay: OutboxRelay,
   sql: Sql,
   registry: client.Registry,
-  metricsAt: { hostname: string; port: number } | undefined,
+  metricsAt: { hostname: string; port: number },
   log: Logger,
 ): Service {
   let server: Deno.HttpServer | undefined;
   return {
     async start() {
-      if (metricsAt) {
-        server = (await serveMetrics(registry, metricsAt.hostname, metricsAt.port, log)).server;
-      }
+      // Served first: readiness must be askable while Postgres is still away.
+      server = (await serveMetrics(registry, metricsAt.hostname, metricsAt.port, log, {
+        probes: { postgres: (signal) => abortable(ping(sql), signal) },
+      })).server;
       await relay.start();
     },
     stop: once(async () => {

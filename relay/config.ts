@@ -1,6 +1,14 @@
 /** The inbox relay's configuration, read once from the environment at start-up. */
 import { z } from "zod";
-import { kafkaEnv, logEnv, millis, port, positiveInt, readEnv } from "../core/config.ts";
+import {
+  DEFAULT_METRICS_PORTS,
+  kafkaEnv,
+  logEnv,
+  millis,
+  port,
+  positiveInt,
+  readEnv,
+} from "../core/config.ts";
 import { SECOND } from "../core/time.ts";
 
 /** The inbox relay's environment variables. */
@@ -45,8 +53,8 @@ export const relayEnvSchema = z.object({
   RELAY_SHUTDOWN_MS: millis(10 * SECOND),
   /** Group session timeout: how soon a crashed relay's partitions move to another member. */
   RELAY_SESSION_TIMEOUT_MS: z.coerce.number().int().min(6 * SECOND).default(30 * SECOND),
-  /** `/metrics` and `/healthz`; 0 picks a free port (logged). */
-  RELAY_METRICS_PORT: port(9465),
+  /** `/metrics`, `/healthz` and `/readyz`; 0 picks a free port (logged). */
+  RELAY_METRICS_PORT: port(DEFAULT_METRICS_PORTS.relay),
   RELAY_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
 });
 

@@ -17,6 +17,7 @@ import { createProducer } from "../kafka/producer.ts";
 import { createRelayMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
 import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
+import { abortable, httpProbe, PROBE_TIMEOUT_MS } from "../core/health.ts";
 
 /** Runs the relay until a signal; returns the exit code. */
 export async function main(_args: string[]): Promise<number> {
@@ -41,6 +42,15 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
   };
   let relay: InboxRelay | undefined;
   let server: Deno.HttpServer | undefined;
+  // Its own client, failing fast: the relay's admin retries, which would
+  // make a probe outlast its timeout and pile up behind it.
+  const probeAdmin = createAdmin({
+    ...kafka,
+    clientId: `${kafka.clientId}-readyz`,
+    retries: 0,
+    requestTimeoutMs: PROBE_TIMEOUT_MS,
+    connectTimeoutMs: PROBE_TIMEOUT_MS,
+  });
   return {
     async start() {
       // Metrics first: lag must be visible while Kafka or the API is still away.
@@ -49,7 +59,13 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
         config.RELAY_METRICS_HOST,
         config.RELAY_METRICS_PORT,
         log,
-        () => ({ pending: relay?.pending ?? 0 }),
+        {
+          health: () => ({ pending: relay?.pending ?? 0 }),
+          probes: {
+            kafka: (signal) => abortable(probeAdmin.listTopics(), signal),
+            api: httpProbe(`${config.API_URL.replace(/\/+$/, "")}/healthz`),
+          },
+        },
       );
       server = served.server;
       const admin = createAdmin({ ...kafka, clientId: `${kafka.clientId}-admin` });
@@ -97,6 +113,7 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
     stop: once(async () => {
       await relay?.stop();
       await server?.shutdown();
+      await probeAdmin.close();
     }),
   };
 }

@@ -105,7 +105,14 @@ function spawnWorker(url: string, env: Record<string, string> = {}): Deno.ChildP
   return new Deno.Command(Deno.execPath(), {
     args: ["run", "--allow-net", "--allow-env", "--allow-sys=hostname", "main.ts", "worker"],
     cwd: new URL("..", import.meta.url).pathname,
-    env: { DATABASE_URL: url, LOG_LEVEL: "warn", WORKER_POLL_MS: "200", ...env },
+    // Port 0: several workers side by side, none on the default metrics port.
+    env: {
+      DATABASE_URL: url,
+      LOG_LEVEL: "warn",
+      WORKER_POLL_MS: "200",
+      WORKER_METRICS_PORT: "0",
+      ...env,
+    },
     stdout: "null",
     stderr: "piped",
   }).spawn();

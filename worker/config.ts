@@ -1,6 +1,14 @@
 /** The worker's configuration, read once from the environment at start-up. */
 import { z } from "zod";
-import { databaseEnv, logEnv, millis, optionalPort, positiveInt, readEnv } from "../core/config.ts";
+import {
+  databaseEnv,
+  DEFAULT_METRICS_PORTS,
+  logEnv,
+  millis,
+  port,
+  positiveInt,
+  readEnv,
+} from "../core/config.ts";
 import { SECOND } from "../core/time.ts";
 
 /** Default worker id: unique per process on a host, readable in `lease_owner`. */
@@ -23,8 +31,8 @@ export const workerEnvSchema = z.object({
   /** How long a graceful stop waits for runs in flight before aborting and releasing them. */
   WORKER_SHUTDOWN_MS: millis(10 * SECOND),
   WORKER_ID: z.string().min(1).max(200).optional(),
-  /** Unset: no metrics endpoint. */
-  WORKER_METRICS_PORT: optionalPort(),
+  /** `/metrics`, `/healthz` and `/readyz`; 0 picks a free port (logged). */
+  WORKER_METRICS_PORT: port(DEFAULT_METRICS_PORTS.worker),
   WORKER_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
 });
 

@@ -1,7 +1,8 @@
 /**
  * `main.ts worker`: the executor process. Reads its configuration, opens the
- * pool, runs a `Worker` (and, when WORKER_METRICS_PORT is set, a `/metrics`
- * endpoint) until SIGTERM/SIGINT, then stops gracefully and closes the pool.
+ * pool, runs a `Worker` and its `/metrics`, `/healthz` and `/readyz` endpoint
+ * (WORKER_METRICS_PORT) until SIGTERM/SIGINT, then stops gracefully and
+ * closes the pool.
  */
 import client from "prom-client";
 import { processEnv } from "../core/config.ts";
@@ -9,7 +10,8 @@ import type { Service } from "../core/lifecycle.ts";
 import { once, runUntilSignal } from "../core/lifecycle.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
-import { createPool, type Sql } from "../db/pool.ts";
+import { abortable } from "../core/health.ts";
+import { createPool, ping, type Sql } from "../db/pool.ts";
 import { queueStats } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { defaultWorkerId, readWorkerConfig } from "./config.ts";
@@ -63,15 +65,16 @@ function workerProcess(
   sql: Sql,
   registry: client.Registry,
   metricsHost: string,
-  metricsPort: number | undefined,
+  metricsPort: number,
   log: Logger,
 ): Service {
   let server: Deno.HttpServer | undefined;
   return {
     async start() {
-      if (metricsPort !== undefined) {
-        server = (await serveMetrics(registry, metricsHost, metricsPort, log)).server;
-      }
+      // Served first: readiness must be askable while Postgres is still away.
+      server = (await serveMetrics(registry, metricsHost, metricsPort, log, {
+        probes: { postgres: (signal) => abortable(ping(sql), signal) },
+      })).server;
       await worker.start();
     },
     stop: once(async () => {

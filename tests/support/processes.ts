@@ -21,8 +21,21 @@ export function freePort(): number {
   return port;
 }
 
+/** The variable naming each background process's metrics/health port. */
+const METRICS_PORT_VARIABLE: Record<string, string> = {
+  worker: "WORKER_METRICS_PORT",
+  outbox: "OUTBOX_METRICS_PORT",
+  relay: "RELAY_METRICS_PORT",
+};
+
 export class PoimenProcess {
   readonly command: string;
+  /**
+   * Where a worker, outbox or relay serves `/metrics`, `/healthz` and
+   * `/readyz`: a free port unless `env` names one, so processes of parallel
+   * tests (and a `deno task up` elsewhere) never fight over the defaults.
+   */
+  readonly metricsUrl: string | undefined;
   readonly #child: Deno.ChildProcess;
   readonly #log: string[] = [];
   readonly #done: Promise<Deno.CommandStatus>;
@@ -30,6 +43,11 @@ export class PoimenProcess {
 
   constructor(command: string, env: Record<string, string>, extraArgs: string[] = []) {
     this.command = command;
+    const portVariable = METRICS_PORT_VARIABLE[command];
+    if (portVariable !== undefined) {
+      env = { [portVariable]: String(freePort()), ...env };
+      this.metricsUrl = `http://127.0.0.1:${env[portVariable]}`;
+    }
     this.#child = new Deno.Command(Deno.execPath(), {
       args: ["run", ...permissions(command), "main.ts", command, ...extraArgs],
       cwd: ROOT,
