@@ -8,12 +8,24 @@ import { notifyQueued } from "../db/queue.ts";
 import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
-import { readApiConfig } from "./config.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
+import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
 import { Authenticator } from "./auth.ts";
 import { createApiMetrics } from "./metrics.ts";
 
-export async function main(_args: string[]): Promise<void> {
+const COMMAND = {
+  name: "api",
+  synopsis: "",
+  description: `
+Serves the HTTP API (POST/GET /v1/runs, /openapi.json, /metrics, /healthz,
+/readyz) on HOST:PORT until SIGTERM or SIGINT.`,
+  env: ApiEnv,
+} satisfies CommandSpec;
+
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
   const config = readApiConfig(processEnv());
   const log = createLogger("api", config.LOG_LEVEL);
   const sql = createPool({
@@ -61,4 +73,5 @@ export async function main(_args: string[]): Promise<void> {
       await sql.end({ timeout: 5 });
     }),
   }, log);
+  return 0;
 }

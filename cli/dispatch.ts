@@ -9,21 +9,30 @@
 import { RunRequest } from "../contracts/runs.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { dispatchMessageKey, dispatchTopic, isTenantId } from "../contracts/topics.ts";
-import { readKafkaCliConfig } from "./kafka_config.ts";
+import { KafkaCliEnv, readKafkaCliConfig } from "./kafka_config.ts";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
-const USAGE = "usage: dispatch [--raw] <tenant> '<json body of POST /v1/runs>'";
+const COMMAND = {
+  name: "dispatch",
+  synopsis: "[--raw] <tenant> '<json body of POST /v1/runs>'",
+  description: `
+Publishes one message to poimen.<tenant>.dispatch, as an orchestrator would:
+the value is the POST /v1/runs body, the key <tenant>/<dispatch_key>. The
+body is checked against the schema first. Prints "topic partition offset".`,
+  flags: {
+    raw: { type: "boolean", description: "publish the body unchecked (to try dead-lettering)" },
+  },
+  positionals: { min: 2, max: 2 },
+  env: KafkaCliEnv,
+} satisfies CommandSpec;
 
 export async function main(argv: string[]): Promise<number> {
-  const raw = argv[0] === "--raw";
-  const args = raw ? argv.slice(1) : argv;
-  if (args.length !== 2) {
-    console.error(USAGE);
-    return 64;
-  }
-  const [tenant, value] = args;
+  const line = parseCommandLine(COMMAND, argv);
+  if (typeof line === "number") return line;
+  const raw = line.flags.raw ?? false;
+  const [tenant, value] = line.positionals;
   if (!isTenantId(tenant)) {
-    console.error(`dispatch: bad tenant id ${JSON.stringify(tenant)}`);
-    return 64;
+    return usageError(COMMAND, `bad tenant id ${JSON.stringify(tenant)}`);
   }
   let dispatchKey: string | undefined;
   if (!raw) {

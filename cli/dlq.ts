@@ -21,8 +21,7 @@ import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { dlqTopic, isTenantId } from "../contracts/topics.ts";
-
-const USAGE = "usage: dlq <tenant> [--redrive]";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
 const DlqEnv = z.object({
   ...kafkaEnv,
@@ -36,19 +35,30 @@ const DlqEnv = z.object({
   DLQ_READ_TIMEOUT_MS: z.coerce.number().int().positive().default(60 * SECOND),
 });
 
+const COMMAND = {
+  name: "dlq",
+  synopsis: "[--redrive] <tenant>",
+  description: `
+Lists a tenant's dead letters (poimen.<tenant>.dispatch.dlq), one line each.
+With --redrive, publishes each back to poimen.<tenant>.dispatch and says
+whether a run was created or already existed (asking the API, with the token
+in POIMEN_TOKEN or RELAY_TOKEN).`,
+  flags: {
+    redrive: { type: "boolean", description: "republish the dead letters to the dispatch topic" },
+  },
+  positionals: { min: 1, max: 1 },
+  env: DlqEnv,
+} satisfies CommandSpec;
+
 const decoder = new TextDecoder();
 
 export async function main(args: string[]): Promise<number> {
-  const redrive = args.includes("--redrive");
-  const rest = args.filter((a) => a !== "--redrive");
-  if (rest.length !== 1 || rest[0].startsWith("-")) {
-    console.error(USAGE);
-    return 64;
-  }
-  const tenant = rest[0];
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
+  const redrive = line.flags.redrive ?? false;
+  const [tenant] = line.positionals;
   if (!isTenantId(tenant)) {
-    console.error(`dlq: bad tenant id ${JSON.stringify(tenant)}`);
-    return 64;
+    return usageError(COMMAND, `bad tenant id ${JSON.stringify(tenant)}`);
   }
   const config = readEnv(DlqEnv, processEnv());
   const log = createLogger("dlq", config.LOG_LEVEL);

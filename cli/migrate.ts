@@ -4,15 +4,30 @@ import { databaseEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { createPool } from "../db/pool.ts";
 import { ensureDatabase, loadMigrations, migrate } from "../db/migrate.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 
-export async function main(_args: string[]): Promise<void> {
-  const config = readEnv(z.object({ ...databaseEnv, ...logEnv }), processEnv());
+const MigrateEnv = z.object({ ...databaseEnv, ...logEnv });
+
+const COMMAND = {
+  name: "migrate",
+  synopsis: "",
+  description: `
+Creates the database if it is missing and applies the pending migrations
+(safe from several processes at once).`,
+  env: MigrateEnv,
+} satisfies CommandSpec;
+
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
+  const config = readEnv(MigrateEnv, processEnv());
   const log = createLogger("migrate", config.LOG_LEVEL);
   if (await ensureDatabase(config.DATABASE_URL)) log.info("database created");
   const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-migrate" });
   try {
     const applied = await migrate(sql, await loadMigrations(), log);
     log.info(applied.length ? "migrated" : "already up to date", { applied });
+    return 0;
   } finally {
     await sql.end({ timeout: 5 });
   }

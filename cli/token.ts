@@ -11,27 +11,42 @@ import { createPool } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { isTenantId } from "../contracts/topics.ts";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
-const USAGE = "usage: token <tenant> | token --service <name>";
+const TokenEnv = z.object({ ...databaseEnv, ...logEnv });
+
+const COMMAND = {
+  name: "token",
+  synopsis: "<tenant> | --service <name>",
+  description: `
+Creates the tenant if needed and prints a new tenant token; with --service,
+prints a new service token (the relay's), which may act for any tenant named
+in Poimen-Tenant. The token alone goes to stdout: TOKEN=$(deno task token acme).`,
+  flags: {
+    service: { type: "string", valueName: "name", description: "a service token for <name>" },
+  },
+  positionals: { min: 0, max: 1 },
+  env: TokenEnv,
+} satisfies CommandSpec;
 
 export async function main(args: string[]): Promise<number> {
-  const service = args[0] === "--service";
-  const name = service ? args[1] : args[0];
-  if (name === undefined || args.length !== (service ? 2 : 1)) {
-    console.error(USAGE);
-    return 64;
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
+  const service = line.flags.service !== undefined;
+  const name = line.flags.service ?? line.positionals[0];
+  if (name === undefined || (service && line.positionals.length > 0)) {
+    return usageError(COMMAND, "give either a <tenant> or --service <name> (see 'token --help')");
   }
   if (!service && !isTenantId(name)) {
-    console.error(
-      `token: bad tenant id ${JSON.stringify(name)}: use a-z, 0-9, _ and -, 1-63 chars`,
+    return usageError(
+      COMMAND,
+      `bad tenant id ${JSON.stringify(name)}: use a-z, 0-9, _ and -, 1-63 chars`,
     );
-    return 64;
   }
   if (service && !/^[A-Za-z0-9_.-]{1,100}$/.test(name)) {
-    console.error(`token: bad service name ${JSON.stringify(name)}: use A-Z a-z 0-9 _ . -`);
-    return 64;
+    return usageError(COMMAND, `bad service name ${JSON.stringify(name)}: use A-Z a-z 0-9 _ . -`);
   }
-  const config = readEnv(z.object({ ...databaseEnv, ...logEnv }), processEnv());
+  const config = readEnv(TokenEnv, processEnv());
   const log = createLogger("token", config.LOG_LEVEL);
   const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-token" });
   try {

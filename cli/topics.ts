@@ -6,19 +6,30 @@
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { isTenantId } from "../contracts/topics.ts";
-import { readKafkaCliConfig } from "./kafka_config.ts";
+import { KafkaCliEnv, readKafkaCliConfig } from "./kafka_config.ts";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
-export async function main(args: string[]): Promise<number> {
-  if (args.length === 0) {
-    console.error("usage: topics <tenant>…");
-    return 64;
-  }
+const COMMAND = {
+  name: "topics",
+  synopsis: "<tenant>…",
+  description: `
+Declares each tenant's events, dispatch and dispatch.dlq topics (partitions,
+replication factor and retention from TOPIC_*), idempotently. Prints one line
+per topic.`,
+  positionals: { min: 1, max: Infinity },
+  env: KafkaCliEnv,
+} satisfies CommandSpec;
+
+export async function main(argv: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, argv);
+  if (typeof line === "number") return line;
+  const args = line.positionals;
   const bad = args.find((t) => !isTenantId(t));
   if (bad !== undefined) {
-    console.error(
-      `topics: bad tenant id ${JSON.stringify(bad)}: use a-z, 0-9, _ and -, 1-63 chars`,
+    return usageError(
+      COMMAND,
+      `bad tenant id ${JSON.stringify(bad)}: use a-z, 0-9, _ and -, 1-63 chars`,
     );
-    return 64;
   }
   const config = readKafkaCliConfig();
   const admin = createAdmin({

@@ -13,7 +13,8 @@ import { createPool, ping, type Sql } from "../db/pool.ts";
 import { abortable } from "../core/health.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
-import { readOutboxConfig } from "./config.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
+import { outboxEnvSchema, readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
 import { OutboxRelay } from "./publisher.ts";
@@ -23,8 +24,20 @@ import { OutboxRelay } from "./publisher.ts";
 // forever); the relay's own loop retries with backoff after that.
 const PRODUCER_RETRIES = 5;
 
+const COMMAND = {
+  name: "outbox",
+  synopsis: "",
+  description: `
+Publishes the outbox's events to each tenant's poimen.<tenant>.events topic
+and purges published rows, until SIGTERM or SIGINT; serves /metrics, /healthz
+and /readyz on OUTBOX_METRICS_HOST:OUTBOX_METRICS_PORT.`,
+  env: outboxEnvSchema,
+} satisfies CommandSpec;
+
 /** Runs the outbox relay until a signal; returns the exit code. */
-export async function main(_args: string[]): Promise<number> {
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
   const cfg = readOutboxConfig(processEnv());
   const log = createLogger("outbox", cfg.LOG_LEVEL);
   const id = `${Deno.hostname()}-${Deno.pid}`;

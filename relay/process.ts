@@ -9,7 +9,8 @@ import { brokerList, processEnv } from "../core/config.ts";
 import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
 import { createLogger } from "../core/log.ts";
 import { ApiClient } from "./api_client.ts";
-import { readRelayConfig, type RelayConfig } from "./config.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
+import { readRelayConfig, type RelayConfig, relayEnvSchema } from "./config.ts";
 import { InboxRelay } from "./inbox.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createConsumer } from "../kafka/consumer.ts";
@@ -19,8 +20,21 @@ import { serveMetrics } from "../core/metrics_server.ts";
 import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
 import { abortable, httpProbe, PROBE_TIMEOUT_MS } from "../core/health.ts";
 
+const COMMAND = {
+  name: "relay",
+  synopsis: "",
+  description: `
+Consumes every tenant's poimen.<tenant>.dispatch topic and posts each message
+to the API's POST /v1/runs with its service token (RELAY_TOKEN), dead-lettering
+what can never succeed, until SIGTERM or SIGINT; serves /metrics, /healthz and
+/readyz on RELAY_METRICS_HOST:RELAY_METRICS_PORT.`,
+  env: relayEnvSchema,
+} satisfies CommandSpec;
+
 /** Runs the relay until a signal; returns the exit code. */
-export async function main(_args: string[]): Promise<number> {
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
   const config = readRelayConfig(processEnv());
   const log = createLogger("relay", config.LOG_LEVEL);
   await runUntilSignal(relayProcess(config, log), log);

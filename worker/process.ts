@@ -14,12 +14,25 @@ import { abortable } from "../core/health.ts";
 import { createPool, ping, type Sql } from "../db/pool.ts";
 import { queueStats } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
-import { defaultWorkerId, readWorkerConfig } from "./config.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
+import { defaultWorkerId, readWorkerConfig, workerEnvSchema } from "./config.ts";
 import { createWorkerMetrics } from "./metrics.ts";
 import { Worker } from "./worker.ts";
 
+const COMMAND = {
+  name: "worker",
+  synopsis: "",
+  description: `
+Claims queued runs and executes them, WORKER_CONCURRENCY at a time, until
+SIGTERM or SIGINT; serves /metrics, /healthz and /readyz on
+WORKER_METRICS_HOST:WORKER_METRICS_PORT.`,
+  env: workerEnvSchema,
+} satisfies CommandSpec;
+
 /** Runs the worker until a signal; returns the exit code. */
-export async function main(_args: string[]): Promise<number> {
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
   const cfg = readWorkerConfig(processEnv());
   const id = cfg.WORKER_ID ?? defaultWorkerId();
   const log = createLogger("worker", cfg.LOG_LEVEL);

@@ -1,0 +1,145 @@
+/**
+ * Every `main.ts` command reads its arguments the same way: `--help` prints
+ * usage to stdout and exits 0, flags may stand anywhere, and a usage mistake
+ * is one line on stderr with exit code 2. The real commands, run with their
+ * deno.json task's permissions.
+ */
+import assert from "node:assert/strict";
+import { freshDatabase } from "./support/db.ts";
+import { permissions, runCommand } from "./support/processes.ts";
+import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { tenantTopics } from "../contracts/topics.ts";
+
+const COMMANDS = [
+  "api",
+  "worker",
+  "outbox",
+  "relay",
+  "migrate",
+  "token",
+  "topics",
+  "dispatch",
+  "dlq",
+];
+
+/** Arguments that would be valid for each command, so only the flag under test is wrong. */
+const VALID_ARGS: Record<string, string[]> = {
+  token: ["acme"],
+  topics: ["acme"],
+  dispatch: ["acme", "{}"],
+  dlq: ["acme"],
+};
+
+const run = (command: string, args: string[], env: Record<string, string> = {}) =>
+  runCommand(command, args, { LOG_LEVEL: "warn", ...env }, permissions(command));
+
+function oneLine(stderr: string): string {
+  const lines = stderr.trim().split("\n");
+  assert.equal(lines.length, 1, `expected one line on stderr, got:\n${stderr}`);
+  return lines[0];
+}
+
+Deno.test("cli: main.ts --help lists every command on stdout and exits 0", async () => {
+  const out = await runCommand("--help", [], {}, []);
+  assert.equal(out.code, 0, out.stderr);
+  assert.equal(out.stderr, "");
+  for (const command of COMMANDS) assert.match(out.stdout, new RegExp(`^  ${command} `, "m"));
+});
+
+Deno.test("cli: main.ts with an unknown command says so in one line and exits 2", async () => {
+  const out = await runCommand("deploy", [], {}, []);
+  assert.equal(out.code, 2);
+  assert.match(oneLine(out.stderr), /unknown command "deploy"/);
+});
+
+for (const command of COMMANDS) {
+  Deno.test(`cli: ${command} --help prints its usage and variables to stdout and exits 0`, async () => {
+    // Help wins wherever it stands, even next to arguments that would start the work.
+    const out = await run(command, [...VALID_ARGS[command] ?? [], "--help"]);
+    assert.equal(out.code, 0, out.stderr);
+    assert.equal(out.stderr, "");
+    assert.match(out.stdout, new RegExp(`^usage: ${command}\\b`));
+    assert.match(out.stdout, /^ {2}-h, --help /m);
+    assert.match(out.stdout, /^environment:$/m);
+    assert.match(out.stdout, /^ {2}LOG_LEVEL +default info$/m);
+  });
+
+  Deno.test(`cli: ${command} with an unknown flag says so in one line on stderr and exits 2`, async () => {
+    const out = await run(command, [...VALID_ARGS[command] ?? [], "--no-such-flag"]);
+    assert.equal(out.code, 2, out.stdout);
+    assert.equal(out.stdout, "");
+    assert.equal(
+      oneLine(out.stderr),
+      `${command}: unknown option '--no-such-flag' (see '${command} --help')`,
+    );
+  });
+}
+
+Deno.test("cli: a command given the wrong number of arguments prints its usage line and exits 2", async () => {
+  for (const [command, args] of [["dispatch", ["acme"]], ["migrate", ["extra"]], ["dlq", []]]) {
+    const out = await run(command as string, args as string[]);
+    assert.equal(out.code, 2, `${command}: ${out.stdout}`);
+    assert.match(oneLine(out.stderr), new RegExp(`^usage: ${command}\\b`));
+  }
+});
+
+Deno.test("cli: token refuses a tenant and --service together, and a flag without its value", async () => {
+  const both = await run("token", ["acme", "--service", "relay"]);
+  assert.equal(both.code, 2);
+  assert.match(oneLine(both.stderr), /either a <tenant> or --service <name>/);
+  const bare = await run("token", ["--service"]);
+  assert.equal(bare.code, 2);
+  assert.match(oneLine(bare.stderr), /^token: option '--service <value>' argument missing/);
+});
+
+Deno.test("cli: a bad tenant id is a usage mistake: one line, exit 2", async () => {
+  for (const command of ["token", "topics", "dispatch", "dlq"]) {
+    const args = command === "dispatch" ? ["Not A Tenant", "{}"] : ["Not A Tenant"];
+    const out = await run(command, args);
+    assert.equal(out.code, 2, `${command}: ${out.stdout}`);
+    assert.match(oneLine(out.stderr), new RegExp(`^${command}: bad tenant id "Not A Tenant"`));
+  }
+});
+
+Deno.test("cli: token prints one token for a tenant, and for --service=<name>", async () => {
+  const db = await freshDatabase();
+  try {
+    const env = { DATABASE_URL: db.url };
+    const tenant = await run("token", ["acme"], env);
+    assert.equal(tenant.code, 0, tenant.stderr);
+    const service = await run("token", ["--service=relay"], env);
+    assert.equal(service.code, 0, service.stderr);
+    for (const out of [tenant, service]) assert.match(out.stdout, /^pmn_\S+\n$/);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test({
+  name: "cli: dispatch takes --raw after its arguments, and -- ends the flags",
+  ...KAFKA_TEST,
+  fn: async () => {
+    const tenant = `cli-${crypto.randomUUID().slice(0, 8)}`;
+    const env = { KAFKA_BROKERS: BROKER, TOPIC_PARTITIONS: "1" };
+    try {
+      const declared = await run("topics", ["--", tenant], env);
+      assert.equal(declared.code, 0, declared.stderr);
+      assert.match(declared.stdout, new RegExp(`^created poimen\\.${tenant}\\.dispatch$`, "m"));
+
+      // Not JSON: only --raw lets it through, wherever the flag stands.
+      const refused = await run("dispatch", [tenant, "not json"], env);
+      assert.equal(refused.code, 65, refused.stdout);
+      const sent = await run("dispatch", [tenant, "not json", "--raw"], env);
+      assert.equal(sent.code, 0, sent.stderr);
+      assert.match(sent.stdout, new RegExp(`^poimen\\.${tenant}\\.dispatch 0 0\\n$`));
+    } finally {
+      const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
+      try {
+        await admin.deleteTopics(tenantTopics(tenant));
+      } finally {
+        await admin.close();
+      }
+    }
+  },
+});
