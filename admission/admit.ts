@@ -8,7 +8,7 @@
  */
 import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
-import { uuidv7 } from "../core/uuid.ts";
+import { newRunId } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { isUnavailable, toDbError } from "../db/pool.ts";
 import {
@@ -109,7 +109,7 @@ export class Admission {
     try {
       return await this.#batcher.submit({
         tenant_id: ctx.tenantId,
-        run_id: uuidv7(),
+        run_id: newRunId(),
         workflow_ref: req.workflow_ref,
         workflow_name: wf.name,
         workflow_version: wf.version,
