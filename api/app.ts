@@ -2,7 +2,8 @@
  * The HTTP API (hono). `createApp` wires routes to their dependencies and is
  * what tests call with `app.request()`; `api/process.ts` serves it.
  */
-import { Hono } from "hono";
+import { type Context, Hono } from "hono";
+import { routePath } from "hono/route";
 import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Sql } from "../db/pool.ts";
@@ -28,13 +29,13 @@ export interface AppDeps {
   bodyLimit: number;
 }
 
-// Route labels for metrics: a fixed set, so a scan of random paths cannot
-// explode the label cardinality.
-function routeLabel(path: string): string {
-  if (path === "/v1/runs") return "/v1/runs";
-  if (path.startsWith("/v1/runs/")) return "/v1/runs/:run_id";
-  if (["/healthz", "/readyz", "/metrics", "/openapi.json"].includes(path)) return path;
-  return "other";
+// The route label of a request: the pattern of the route that matched
+// (`/v1/runs/:run_id`), never the raw path, so a scan of random paths cannot
+// explode the label cardinality. A request only middleware matched (no route
+// for its path and method) is "other".
+function routeLabel(c: Context): string {
+  const route = routePath(c, -1);
+  return route === "" || route.includes("*") ? "other" : route;
 }
 
 /** Builds the API application. */
@@ -45,7 +46,7 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
   app.use("*", async (c, next) => {
     const started = performance.now();
     await next();
-    const route = routeLabel(c.req.path);
+    const route = routeLabel(c);
     const caller = c.get("principal")?.kind ?? "none";
     metrics.httpRequests.inc({ method: c.req.method, route, status: c.res.status, caller });
     metrics.httpDuration.observe(
@@ -79,9 +80,9 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
   });
   app.route("/v1/runs", runsRoutes(deps));
 
-  app.notFound(() => {
-    throw new PoimenError("not-found", "no such resource");
-  });
+  // Answered rather than thrown: with only the "*" middleware matched, hono
+  // lets a thrown not-found skip that middleware's metrics.
+  app.notFound((c) => problemResponse(c, new PoimenError("not-found", "no such resource"), log));
   app.onError((err, c) => problemResponse(c, err, log));
   return app;
 }

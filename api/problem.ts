@@ -1,22 +1,9 @@
 /** Errors to RFC 9457 problem+json: the one place where errors become HTTP. */
 import type { Context } from "hono";
-import { PoimenError, PROBLEM_BASE } from "../core/errors.ts";
+import { ERRORS, PoimenError, PROBLEM_BASE } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { toDbError } from "../db/pool.ts";
 import type { Problem } from "../contracts/runs.ts";
-
-const TITLES: Record<string, string> = {
-  "bad-json": "Request body is not valid JSON",
-  validation: "Request does not match the schema",
-  "unknown-workflow": "Unknown workflow",
-  "body-too-large": "Request body too large",
-  "unsupported-media-type": "Content type must be application/json",
-  unauthorized: "Authentication required",
-  forbidden: "Not allowed for this tenant",
-  "not-found": "Not found",
-  "database-unavailable": "Database unavailable",
-  internal: "Internal error",
-};
 
 /** Seconds a client should wait before retrying a 503. */
 export const RETRY_AFTER_SECONDS = 1;
@@ -35,7 +22,7 @@ export function problemResponse(c: Context, err: unknown, log: Logger): Response
   }
   const body: Problem = {
     type: PROBLEM_BASE + pe.code,
-    title: TITLES[pe.code] ?? pe.code,
+    title: ERRORS[pe.code].title,
     status: pe.status,
     // Internal errors say nothing about internals.
     detail: e instanceof PoimenError ? pe.message : undefined,

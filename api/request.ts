@@ -1,14 +1,14 @@
 /** Reading request bodies and parameters into validated values, or typed errors. */
-import type { Context } from "hono";
+import type { Context, MiddlewareHandler } from "hono";
+import { bodyLimit } from "hono/body-limit";
 import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
 
 /**
- * Reads a JSON body of at most `limit` bytes: 415 unless the content type is
- * JSON, 413 when longer (by Content-Length, or while streaming a body that
- * has none), 400 when not JSON.
+ * Refuses a body that is not JSON by its content type (415). Runs before
+ * the size limit, so a large body of the wrong type is told its type.
  */
-export async function parseJsonBody(c: Context, limit: number): Promise<unknown> {
+export const requireJson: MiddlewareHandler = async (c, next) => {
   const type = c.req.header("content-type") ?? "";
   if (!/^application\/([a-z0-9.+-]+\+)?json\s*(;|$)/i.test(type)) {
     throw new PoimenError(
@@ -16,18 +16,27 @@ export async function parseJsonBody(c: Context, limit: number): Promise<unknown>
       `content type ${JSON.stringify(type)} is not JSON`,
     );
   }
-  const declared = Number(c.req.header("content-length") ?? NaN);
-  if (declared > limit) throw tooLarge(limit);
-  const body = c.req.raw.body;
-  if (!body) throw new PoimenError("bad-json", "the body is empty");
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += chunk.byteLength;
-    if (size > limit) throw tooLarge(limit);
-    chunks.push(chunk);
-  }
-  const bytes = chunks.length === 1 ? chunks[0] : concat(chunks, size);
+  await next();
+};
+
+/**
+ * hono's `bodyLimit`, refusing with our 413 problem: by Content-Length when
+ * there is one, otherwise while it reads the streamed body (it stops at the
+ * limit and never buffers more).
+ */
+export function limitBody(maxSize: number): MiddlewareHandler {
+  return bodyLimit({
+    maxSize,
+    onError: () => {
+      throw new PoimenError("body-too-large", `the body exceeds ${maxSize} bytes`);
+    },
+  });
+}
+
+/** Reads the (already size-limited) body as JSON: 400 when empty, not UTF-8 or not JSON. */
+export async function parseJsonBody(c: Context): Promise<unknown> {
+  const bytes = new Uint8Array(await c.req.arrayBuffer());
+  if (bytes.byteLength === 0) throw new PoimenError("bad-json", "the body is empty");
   let text: string;
   try {
     text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
@@ -39,20 +48,6 @@ export async function parseJsonBody(c: Context, limit: number): Promise<unknown>
   } catch (err) {
     throw new PoimenError("bad-json", `the body is not JSON: ${(err as Error).message}`);
   }
-}
-
-function tooLarge(limit: number): PoimenError {
-  return new PoimenError("body-too-large", `the body exceeds ${limit} bytes`);
-}
-
-function concat(chunks: Uint8Array[], size: number): Uint8Array {
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.byteLength;
-  }
-  return out;
 }
 
 /** Validates `value` with `schema`; a mismatch is a 422 listing every failing field. */

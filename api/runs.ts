@@ -1,5 +1,5 @@
 /** The runs resource: admission, one run, and a tenant's runs with keyset pagination. */
-import { Hono } from "hono";
+import { Hono, type MiddlewareHandler } from "hono";
 import { PoimenError } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
@@ -7,7 +7,7 @@ import { type RunRow, selectRun, selectRuns } from "../db/runs.ts";
 import type { Admission } from "../admission/admit.ts";
 import { HEADERS, ListRunsQuery, type Run, RunRequest } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
-import { parseJsonBody, parseWith } from "./request.ts";
+import { limitBody, parseJsonBody, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
 
 export interface RunsDeps {
@@ -64,37 +64,43 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   const { sql, admission, metrics } = deps;
   const app = new Hono<ApiEnv>();
 
-  app.post("/", async (c) => {
+  // First, so that refusals by content type and size count as rejected
+  // admissions too: an error below has become its problem response by the
+  // time next() returns.
+  const admissionMetrics: MiddlewareHandler<ApiEnv> = async (c, next) => {
     const started = performance.now();
-    let outcome = "rejected";
-    try {
-      const body = parseWith(RunRequest, await parseJsonBody(c, deps.bodyLimit));
-      const principal = c.get("principal");
-      // Only a service token (the relay) may say where a request came from.
-      const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
-      const source = claimed && claimed.length <= 300 ? claimed : `http:${principal.name}`;
-      const result = await admission.admit(body, {
-        tenantId: principal.tenantId,
-        source,
-        entry: "http",
-      });
-      const run = toRun(result.run);
-      if (result.created) {
-        outcome = "created";
-        c.header("Location", `/v1/runs/${run.run_id}`);
-        return c.json(run, 201);
-      }
-      outcome = "deduplicated";
-      c.header(HEADERS.replayed, "true");
-      if (!result.sameBody) {
-        metrics.replayBodyMismatch.inc();
-        c.header(HEADERS.bodyMismatch, "true");
-      }
-      return c.json(run, 200);
-    } finally {
-      metrics.admissions.inc({ outcome });
-      metrics.admissionDuration.observe({ outcome }, (performance.now() - started) / 1000);
+    await next();
+    const outcome = c.res.status === 201
+      ? "created"
+      : c.res.status === 200
+      ? "deduplicated"
+      : "rejected";
+    metrics.admissions.inc({ outcome });
+    metrics.admissionDuration.observe({ outcome }, (performance.now() - started) / 1000);
+  };
+
+  app.post("/", admissionMetrics, requireJson, limitBody(deps.bodyLimit), async (c) => {
+    const body = parseWith(RunRequest, await parseJsonBody(c));
+    const principal = c.get("principal");
+    // Only a service token (the relay) may say where a request came from.
+    const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
+    const source = claimed && claimed.length <= 300 ? claimed : `http:${principal.name}`;
+    const result = await admission.admit(body, {
+      tenantId: principal.tenantId,
+      source,
+      entry: "http",
+    });
+    const run = toRun(result.run);
+    if (result.created) {
+      c.header("Location", `/v1/runs/${run.run_id}`);
+      return c.json(run, 201);
     }
+    c.header(HEADERS.replayed, "true");
+    if (!result.sameBody) {
+      metrics.replayBodyMismatch.inc();
+      c.header(HEADERS.bodyMismatch, "true");
+    }
+    return c.json(run, 200);
   });
 
   app.get("/:run_id", async (c) => {

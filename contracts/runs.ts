@@ -10,11 +10,28 @@ import { z } from "zod";
 // Printable: no control characters (C0, DEL, C1) and no lone surrogates.
 const PRINTABLE = /^[^\p{Cc}\p{Cs}]+$/u;
 
+// A workflow name, and a version that fits Postgres' int4 (9 digits).
+const WORKFLOW_NAME = "[a-z][a-z0-9_.-]{0,99}";
+const WORKFLOW_VERSION = "[1-9][0-9]{0,8}";
+
+/** A workflow name as registered. */
+export const WORKFLOW_NAME_PATTERN: RegExp = new RegExp(`^${WORKFLOW_NAME}$`);
+
+/**
+ * `name` or `name@version`, capturing both: the one pattern the API
+ * validates with and the registry resolves with, so a ref the API accepts
+ * is one the registry can look up.
+ */
+export const WORKFLOW_REF_PATTERN: RegExp = new RegExp(
+  `^(${WORKFLOW_NAME})(?:@(${WORKFLOW_VERSION}))?$`,
+);
+
 /** The admission request: `POST /v1/runs` body and dispatch message value. */
 export const RunRequest = z.strictObject({
-  workflow_ref: z.string().min(1).max(120).regex(
-    /^[a-z][a-z0-9_.-]*(@[1-9][0-9]*)?$/,
-    "expected name or name@version",
+  // 110: the longest ref the pattern allows (100-character name, @, 9 digits).
+  workflow_ref: z.string().min(1).max(110).regex(
+    WORKFLOW_REF_PATTERN,
+    "expected name or name@version (a version of at most 9 digits)",
   ).describe("`name` (newest version, pinned at admission) or `name@version`"),
   input: z.unknown().optional().describe("The workflow's input (any JSON); null when absent"),
   goal_id: z.string().min(1).max(255).regex(PRINTABLE, "printable characters only").nullable()

@@ -7,8 +7,16 @@
  * never contain a dot, so the tenant is always the second dot-separated part.
  */
 
-/** What a tenant id may look like: legal in a topic name, no dots. */
-export const TENANT_ID_PATTERN = /^[a-z0-9_-]{1,63}$/;
+/**
+ * What a tenant id may look like: legal in a topic name, no dots. The one
+ * definition; the patterns below are built from it. The `tenants` table's
+ * check constraint (migrations/001) spells the same pattern in SQL, and
+ * tests/contracts_test.ts holds the two together.
+ */
+const TENANT_ID = "[a-z0-9_-]{1,63}";
+
+/** Matches a whole tenant id. */
+export const TENANT_ID_PATTERN: RegExp = new RegExp(`^${TENANT_ID}$`);
 
 const PREFIX = "poimen.";
 
@@ -45,9 +53,9 @@ export function tenantTopics(tenant: string): [events: string, dispatch: string,
 }
 
 /** Matches every tenant's dispatch topic (and nothing else, not the DLQs). */
-export const DISPATCH_TOPIC_PATTERN = /^poimen\.([a-z0-9_-]{1,63})\.dispatch$/;
+export const DISPATCH_TOPIC_PATTERN: RegExp = new RegExp(`^poimen\\.(${TENANT_ID})\\.dispatch$`);
 
-const TENANT_TOPIC = /^poimen\.([a-z0-9_-]{1,63})\.(?:events|dispatch|dispatch\.dlq)$/;
+const TENANT_TOPIC = new RegExp(`^poimen\\.(${TENANT_ID})\\.(?:events|dispatch|dispatch\\.dlq)$`);
 
 /** The tenant a poimen topic belongs to, or `undefined` for any other topic. */
 export function tenantOfTopic(topic: string): string | undefined {

@@ -5,37 +5,42 @@
  * API's `onError`, and the relay reads the same flags from problem bodies.
  */
 
-export type ErrorCode =
-  | "bad-json"
-  | "validation"
-  | "unknown-workflow"
-  | "body-too-large"
-  | "unsupported-media-type"
-  | "unauthorized"
-  | "forbidden"
-  | "not-found"
-  | "database-unavailable"
-  | "config"
-  | "internal";
+/** What one error code means: its HTTP status, problem+json title and whether a retry may succeed. */
+export interface ErrorKind {
+  status: number;
+  title: string;
+  retryable: boolean;
+}
 
-const STATUS: Record<ErrorCode, number> = {
-  "bad-json": 400,
-  validation: 422,
-  "unknown-workflow": 422,
-  "body-too-large": 413,
-  "unsupported-media-type": 415,
-  unauthorized: 401,
-  forbidden: 403,
-  "not-found": 404,
-  "database-unavailable": 503,
-  config: 500,
-  internal: 500,
-};
+/**
+ * Every code poimen reports, in one table. The API's problem bodies, the
+ * relay's retry decisions (it reads `retryable` from those bodies) and the
+ * worker's run errors (`runs.error.code`) all use these codes. Codes that
+ * never reach HTTP (`config`, `bad-result`) still get a status, so that
+ * one type covers all.
+ */
+export const ERRORS = {
+  "bad-json": { status: 400, title: "Request body is not valid JSON", retryable: false },
+  validation: { status: 422, title: "Request does not match the schema", retryable: false },
+  "unknown-workflow": { status: 422, title: "Unknown workflow", retryable: false },
+  "body-too-large": { status: 413, title: "Request body too large", retryable: false },
+  "unsupported-media-type": {
+    status: 415,
+    title: "Content type must be application/json",
+    retryable: false,
+  },
+  unauthorized: { status: 401, title: "Authentication required", retryable: false },
+  forbidden: { status: 403, title: "Not allowed for this tenant", retryable: false },
+  "not-found": { status: 404, title: "Not found", retryable: false },
+  "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
+  config: { status: 500, title: "Invalid configuration", retryable: false },
+  /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
+  "bad-result": { status: 500, title: "Workflow result is not JSON", retryable: false },
+  internal: { status: 500, title: "Internal error", retryable: true },
+} as const satisfies Record<string, ErrorKind>;
 
-const RETRYABLE: ReadonlySet<ErrorCode> = new Set([
-  "database-unavailable",
-  "internal",
-]);
+/** A stable error code: the problem `type` suffix and `runs.error.code`. */
+export type ErrorCode = keyof typeof ERRORS;
 
 /** One failing field of a schema error, as reported in problem+json. */
 export interface FieldError {
@@ -57,8 +62,8 @@ export class PoimenError extends Error {
     super(message, { cause: options.cause });
     this.name = "PoimenError";
     this.code = code;
-    this.status = STATUS[code];
-    this.retryable = RETRYABLE.has(code);
+    this.status = ERRORS[code].status;
+    this.retryable = ERRORS[code].retryable;
     this.errors = options.errors;
   }
 }

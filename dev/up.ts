@@ -18,6 +18,7 @@ import {
   readEnv,
 } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
+import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
 import { brokerAnswers, startBroker, stopBroker } from "./kafka.ts";
@@ -35,7 +36,7 @@ const UpEnv = z.object({
   OUTBOX_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
     DEFAULT_METRICS_PORTS.outbox,
   ),
-  DEV_TENANT: z.string().regex(/^[a-z0-9_-]{1,63}$/).default("dev"),
+  DEV_TENANT: z.string().regex(TENANT_ID_PATTERN).default("dev"),
 });
 
 const PROCESSES = ["api", "worker", "outbox", "relay"] as const;

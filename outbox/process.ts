@@ -1,7 +1,8 @@
 /**
  * `main.ts outbox`: the outbox relay process. Reads its configuration, opens
- * the pool and the Kafka clients, runs an `OutboxRelay` and its `/metrics`,
- * `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT,
+ * the pool and the Kafka clients, runs an `OutboxRelay`, an `OutboxPurger`
+ * and its `/metrics`, `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT)
+ * until SIGTERM/SIGINT,
  * then lets the batch in flight finish and closes producer, admin and pool.
  */
 import client from "prom-client";
@@ -18,6 +19,7 @@ import { outboxEnvSchema, readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
 import { OutboxRelay } from "./publisher.ts";
+import { OutboxPurger } from "./purger.ts";
 
 // Bounded so a failing send gives the batch's transaction back within
 // seconds (the library's default for an idempotent producer is to retry
@@ -59,9 +61,6 @@ export async function main(args: string[]): Promise<number> {
   }, {
     batchSize: cfg.OUTBOX_BATCH_SIZE,
     pollMs: cfg.OUTBOX_POLL_MS,
-    retentionMs: cfg.OUTBOX_RETENTION_MS,
-    purgeIntervalMs: cfg.OUTBOX_PURGE_INTERVAL_MS,
-    purgeBatchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
     sendTimeoutMs: cfg.OUTBOX_SEND_TIMEOUT_MS,
     retryMaxMs: cfg.OUTBOX_RETRY_MAX_MS,
     shutdownMs: cfg.OUTBOX_SHUTDOWN_MS,
@@ -73,14 +72,24 @@ export async function main(args: string[]): Promise<number> {
     log,
     hooks: metrics.hooks,
   });
+  const purger = new OutboxPurger(sql, {
+    retentionMs: cfg.OUTBOX_RETENTION_MS,
+    intervalMs: cfg.OUTBOX_PURGE_INTERVAL_MS,
+    batchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
+    log,
+  });
   const metricsAt = { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
-  await runUntilSignal(outboxProcess(relay, sql, registry, metricsAt, log), log);
+  await runUntilSignal(outboxProcess(relay, purger, sql, registry, metricsAt, log), log);
   return 0;
 }
 
-/** The relay, its metrics endpoint and its pool as one service: stopped in that order, pool last. */
+/**
+ * The relay, the purger, the metrics endpoint and the pool as one service:
+ * stopped in that order (relay and purger together), pool last.
+ */
 function outboxProcess(
   relay: OutboxRelay,
+  purger: OutboxPurger,
   sql: Sql,
   registry: client.Registry,
   metricsAt: { hostname: string; port: number },
@@ -94,9 +103,10 @@ function outboxProcess(
         probes: { postgres: (signal) => abortable(ping(sql), signal) },
       })).server;
       await relay.start();
+      await purger.start();
     },
     stop: once(async () => {
-      await relay.stop();
+      await Promise.all([relay.stop(), purger.stop()]);
       await server?.shutdown();
       await sql.end({ timeout: 5 });
     }),

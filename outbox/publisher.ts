@@ -18,19 +18,18 @@
  * sent in seq order in one produce request (one key → one partition, and the
  * idempotent producer keeps order across its retries), and a later batch is
  * only sent after the earlier one was acknowledged.
+ *
+ * The message format is contracts/events.ts. Deleting published rows past
+ * retention is not this loop's job: see `OutboxPurger` (outbox/purger.ts).
  */
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay } from "../core/time.ts";
-import {
-  claimPendingEvents,
-  markPublished,
-  type PendingEvent,
-  purgePublished,
-} from "../db/outbox.ts";
+import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
 import type { Sql } from "../db/pool.ts";
-import { eventsTopic } from "../contracts/topics.ts";
+import { EVENT_HEADERS, type EventMessage } from "../contracts/events.ts";
+import { eventMessageKey, eventsTopic } from "../contracts/topics.ts";
 import { type KafkaAdmin } from "../kafka/admin.ts";
 import { type KafkaProducer, type ProduceMessage } from "../kafka/producer.ts";
 import { type TenantTopicOptions } from "../kafka/topics.ts";
@@ -46,9 +45,6 @@ export interface OutboxKafka {
 export interface OutboxRelayOptions {
   batchSize: number;
   pollMs: number;
-  retentionMs: number;
-  purgeIntervalMs: number;
-  purgeBatchSize: number;
   sendTimeoutMs: number;
   retryMaxMs: number;
   shutdownMs: number;
@@ -60,8 +56,6 @@ export interface OutboxRelayOptions {
 // Produce requests are kept well under the broker's default 1 MiB
 // message.max.bytes; a run's events are split only when they exceed it.
 const CHUNK_BYTES = 512 * 1024;
-// One purge round deletes at most this many batches, then yields to the next interval.
-const MAX_PURGE_BATCHES = 100;
 const RETRY_BASE_MS = 200;
 
 type Phase = "kafka" | "database";
@@ -90,7 +84,6 @@ export class OutboxRelay implements Service {
   #producer: KafkaProducer | undefined;
   #outage: { phase: Phase; since: number; attempts: number } | undefined;
   #shipping: Promise<void> = Promise.resolve();
-  #purging: Promise<void> = Promise.resolve();
   #started = false;
 
   constructor(sql: Sql, kafka: OutboxKafka, opts: OutboxRelayOptions) {
@@ -100,12 +93,11 @@ export class OutboxRelay implements Service {
     this.#log = opts.log;
   }
 
-  /** Starts shipping and purging in the background; never waits on Postgres or Kafka. */
+  /** Starts shipping in the background; never waits on Postgres or Kafka. */
   start(): Promise<void> {
     if (this.#started) throw new Error("outbox relay already started");
     this.#started = true;
     this.#shipping = this.#shipLoop();
-    this.#purging = this.#purgeLoop();
     this.#log.info("outbox relay started", {
       batch_size: this.#opts.batchSize,
       poll_ms: this.#opts.pollMs,
@@ -119,9 +111,8 @@ export class OutboxRelay implements Service {
    */
   readonly stop: () => Promise<void> = once(async () => {
     this.#abort.abort();
-    const loops = Promise.all([this.#shipping, this.#purging]);
     const finished = await Promise.race([
-      loops.then(() => true),
+      this.#shipping.then(() => true),
       delay(this.#opts.shutdownMs).then(() => false),
     ]);
     if (!finished) {
@@ -131,7 +122,7 @@ export class OutboxRelay implements Service {
       // Ends the pending send; its transaction rolls back and the rows stay pending.
       await this.#dropProducer();
     }
-    await loops;
+    await this.#shipping;
     await this.#dropProducer();
     await this.#kafka.admin.close().catch(() => {});
   });
@@ -294,32 +285,6 @@ export class OutboxRelay implements Service {
       attempts,
     });
   }
-
-  async #purgeLoop(): Promise<void> {
-    const signal = this.#abort.signal;
-    let failing = false;
-    while (!signal.aborted) {
-      try {
-        let total = 0;
-        for (let i = 0; i < MAX_PURGE_BATCHES && !signal.aborted; i++) {
-          const n = await purgePublished(
-            this.#sql,
-            this.#opts.retentionMs,
-            this.#opts.purgeBatchSize,
-          );
-          total += n;
-          if (n < this.#opts.purgeBatchSize) break;
-        }
-        if (total > 0) this.#log.info("purged published events", { count: total });
-        if (failing) this.#log.info("purge works again");
-        failing = false;
-      } catch (error) {
-        if (!failing) this.#log.warn("purge failed; retrying next interval", { error });
-        failing = true;
-      }
-      await delay(this.#opts.purgeIntervalMs, signal);
-    }
-  }
 }
 
 // The Kafka client wraps the telling error ("connect ECONNREFUSED …") in
@@ -342,30 +307,35 @@ const utf8 = new TextEncoder();
 /** The Kafka message of one event: keyed by run, so a run's events share a partition. */
 export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array } {
   const headers: Record<string, string> = {
-    "content-type": "application/json",
-    "poimen-event-id": e.event_id,
-    "poimen-tenant-id": e.tenant_id,
-    "poimen-run-id": e.run_id,
-    "poimen-seq": String(e.seq),
-    "poimen-type": e.type,
+    [EVENT_HEADERS.contentType]: "application/json",
+    [EVENT_HEADERS.eventId]: e.event_id,
+    [EVENT_HEADERS.tenantId]: e.tenant_id,
+    [EVENT_HEADERS.runId]: e.run_id,
+    [EVENT_HEADERS.seq]: String(e.seq),
+    [EVENT_HEADERS.type]: e.type,
   };
-  if (e.goal_id !== null) headers["poimen-goal-id"] = e.goal_id;
-  if (e.dispatch_key !== null) headers["poimen-dispatch-key"] = e.dispatch_key;
+  if (e.goal_id !== null) headers[EVENT_HEADERS.goalId] = e.goal_id;
+  if (e.dispatch_key !== null) headers[EVENT_HEADERS.dispatchKey] = e.dispatch_key;
+  // Typed by the contract, not parsed with it: the table's constraints
+  // already guarantee the shape, and a failed parse here would leave the
+  // row pending forever and stall every batch behind it. The tests parse
+  // what they read back.
+  const value: EventMessage = {
+    // Identity values stay far below 2^53; a number is what consumers expect.
+    event_id: Number(e.event_id),
+    tenant_id: e.tenant_id,
+    run_id: e.run_id,
+    seq: e.seq,
+    type: e.type,
+    goal_id: e.goal_id,
+    dispatch_key: e.dispatch_key,
+    payload: e.payload as EventMessage["payload"],
+    at: e.at.toISOString(),
+  };
   return {
     topic: eventsTopic(e.tenant_id),
-    key: `${e.tenant_id}/${e.run_id}`,
-    value: utf8.encode(JSON.stringify({
-      // Identity values stay far below 2^53; a number is what consumers expect.
-      event_id: Number(e.event_id),
-      tenant_id: e.tenant_id,
-      run_id: e.run_id,
-      seq: e.seq,
-      type: e.type,
-      goal_id: e.goal_id,
-      dispatch_key: e.dispatch_key,
-      payload: e.payload,
-      at: e.at.toISOString(),
-    })),
+    key: eventMessageKey(e.tenant_id, e.run_id),
+    value: utf8.encode(JSON.stringify(value)),
     headers,
   };
 }

@@ -6,8 +6,9 @@
 import assert from "node:assert/strict";
 import client from "prom-client";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
+import { sampleValue } from "./support/processes.ts";
 import { silentLogger } from "../core/log.ts";
-import { PROBLEM_BASE } from "../core/errors.ts";
+import { type ErrorCode, ERRORS, PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { createApp } from "../api/app.ts";
@@ -67,13 +68,14 @@ function req(body: BodyInit | null, headers: Record<string, string> = {}, method
 }
 
 /** Asserts a problem response of `status` and `code`, and that no row changed. */
-async function refused(res: Response | Promise<Response>, status: number, code: string) {
+async function refused(res: Response | Promise<Response>, status: number, code: ErrorCode) {
   const before = await counts();
   const r = await res;
   const body = await r.json();
   assert.equal(r.status, status, JSON.stringify(body));
   assert.equal(r.headers.get("content-type"), "application/problem+json");
   assert.equal(body.type, PROBLEM_BASE + code);
+  assert.equal(body.title, ERRORS[code].title);
   assert.equal(body.status, status);
   assert.deepEqual(await counts(), before);
   return body;
@@ -98,6 +100,39 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
       413,
       "body-too-large",
     ));
+  await t.step("body over the limit, streamed without a Content-Length: 413", () =>
+    refused(
+      req(
+        new Blob([JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })]).stream(),
+      ),
+      413,
+      "body-too-large",
+    ));
+  await t.step(
+    "Content-Length over the limit: 413 before the body is read",
+    () =>
+      refused(
+        req(JSON.stringify({ workflow_ref: "echo" }), { "content-length": "5000" }),
+        413,
+        "body-too-large",
+      ),
+  );
+  await t.step("a large body of the wrong content type: 415, the type checked first", () =>
+    refused(
+      req("x".repeat(5000), { "content-type": "text/plain" }),
+      415,
+      "unsupported-media-type",
+    ));
+  await t.step("refusals by content type and size count as rejected admissions", async () => {
+    const rejected = async () =>
+      sampleValue(await (await app.request("/metrics")).text(), "poimen_admissions_total", {
+        outcome: "rejected",
+      });
+    const before = await rejected();
+    await (await req("x".repeat(5000))).body?.cancel();
+    await (await req("{}", { "content-type": "text/plain" })).body?.cancel();
+    assert.equal(await rejected(), before + 2);
+  });
   await t.step("missing workflow_ref: 422 naming the field", async () => {
     const body = await refused(req(JSON.stringify({ input: {} })), 422, "validation");
     assert.equal(body.errors[0].path, "workflow_ref");
@@ -111,6 +146,16 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "unknown workflow: 422",
     () => refused(req(JSON.stringify({ workflow_ref: "nope" })), 422, "unknown-workflow"),
   );
+  await t.step("a version longer than the registry allows: 422 naming workflow_ref", async () => {
+    // The API and the registry share one pattern: what the one refuses is
+    // a schema error, not a ref that passes and then resolves to nothing.
+    const body = await refused(
+      req(JSON.stringify({ workflow_ref: "echo@1234567890" })),
+      422,
+      "validation",
+    );
+    assert.equal(body.errors[0].path, "workflow_ref");
+  });
   await t.step(
     "unknown version: 422",
     () => refused(req(JSON.stringify({ workflow_ref: "echo@99" })), 422, "unknown-workflow"),
@@ -272,6 +317,22 @@ CASES.push(["runs list filters and pages with a cursor", async (_t) => {
   assert.equal(one.run_id, id);
   assert.equal(one.input, null);
   assert.equal(one.workflow_version, 1);
+}]);
+
+CASES.push(["requests are counted under their route pattern, unmatched ones as other", async () => {
+  const auth = { headers: { authorization: `Bearer ${acme}` } };
+  const runId = crypto.randomUUID();
+  await (await app.request(`/v1/runs/${runId}`, auth)).body?.cancel();
+  await (await app.request("/v1/runs", auth)).body?.cancel();
+  await (await app.request("/scan/wp-admin.php")).body?.cancel();
+  await (await app.request("/v1/runs", { ...auth, method: "DELETE" })).body?.cancel();
+  const text = await (await app.request("/metrics")).text();
+  const count = (route: string) => sampleValue(text, "poimen_http_requests_total", { route });
+  assert.ok(count("/v1/runs/:run_id") >= 1);
+  assert.ok(count("/v1/runs") >= 1);
+  assert.ok(count("other") >= 2);
+  assert.ok(!text.includes(runId), "a run id became a label");
+  assert.ok(!text.includes("wp-admin"), "a scanned path became a label");
 }]);
 
 CASES.push(["health, readiness, metrics and the OpenAPI document", async (_t) => {

@@ -18,7 +18,8 @@ import { silentLogger } from "../core/log.ts";
 import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
-import { eventsTopic } from "../contracts/topics.ts";
+import { type EventMessage, parseEventMessage } from "../contracts/events.ts";
+import { eventMessageKey, eventsTopic } from "../contracts/topics.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   freePort,
@@ -86,8 +87,9 @@ async function appendEvents(sql: Sql, tenant: string, runIds: string[], from: nu
      order by r.run_id, s.seq`;
 }
 
-function valueOf(m: ConsumedMessage): Record<string, unknown> {
-  return JSON.parse(new TextDecoder().decode(m.value));
+/** The message's value, parsed with the wire contract (so a message off the contract fails the test). */
+function valueOf(m: ConsumedMessage): EventMessage {
+  return parseEventMessage(m.value);
 }
 
 /** Asserts every (run, seq) arrived exactly once and each run's events in seq order. */
@@ -165,6 +167,7 @@ Deno.test({
         assert.ok(row, `unexpected event ${JSON.stringify(v)}`);
         assert.equal(m.topic, topic);
         assert.equal(m.key, `${tenant}/${row.run_id}`);
+        assert.equal(m.key, eventMessageKey(tenant, row.run_id));
         assert.deepEqual(v, {
           event_id: Number(row.event_id),
           tenant_id: tenant,
@@ -435,9 +438,6 @@ Deno.test({
     }, {
       batchSize: 500,
       pollMs: 20,
-      retentionMs: 60_000,
-      purgeIntervalMs: 60_000,
-      purgeBatchSize: 100,
       sendTimeoutMs: 30_000,
       retryMaxMs: 1000,
       shutdownMs: 5000,

@@ -10,6 +10,7 @@ import { type ConsumedMessage } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { eventsTopic } from "../contracts/topics.ts";
+import { type EventMessage, parseEventMessage } from "../contracts/events.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
@@ -17,13 +18,8 @@ import { consume, KAFKA_TEST, privateBroker } from "./support/kafka.ts";
 
 const LONG = 90 * SECOND;
 
-interface Event {
-  run_id: string;
-  seq: number;
-  type: string;
-}
-
-const decode = (m: ConsumedMessage): Event => JSON.parse(new TextDecoder().decode(m.value));
+// Parsed with the wire contract: a message off the contract fails the test.
+const decode = (m: ConsumedMessage): EventMessage => parseEventMessage(m.value);
 
 Deno.test({
   name: "queue outbox_relay: a run admitted over HTTP runs, and its events reach Kafka in order",

@@ -7,10 +7,11 @@ import { Admission } from "../admission/admit.ts";
 import { createLogger, silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
-import { queueStats } from "../db/queue.ts";
+import { claimRuns, queueStats, type ReclaimedRun } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { type AttemptOutcome, Worker, type WorkerOptions } from "../worker/worker.ts";
+import { Reclaimer } from "../worker/reclaimer.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 
 const TENANT = "acme";
@@ -277,6 +278,35 @@ Deno.test("queue: a worker process killed with SIGKILL mid-run loses no run: ano
     } catch { /* already dead */ }
     await proc.stderr.cancel();
     await rescuer.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: the reclaimer returns a run whose lease expired to the queue and reports it", async () => {
+  const { db, admit } = await setup();
+  const reported: ReclaimedRun[] = [];
+  const reclaimer = new Reclaimer(db.sql, {
+    intervalMs: 50,
+    log: silentLogger,
+    onReclaimed: (runs) => reported.push(...runs),
+  });
+  try {
+    const runId = await admit("echo", 1);
+    // Claimed by a worker that then vanished: its 1 ms lease runs out at once.
+    const [claimed] = await claimRuns(db.sql, "vanished", 1, 1);
+    assert.equal(claimed.run_id, runId);
+    await reclaimer.start();
+    const row = await waitFor("run queued again", statusIs(db.sql, runId, "queued"), 10_000);
+    assert.equal(row.lease_owner, null);
+    await waitFor("the reclaim reported", () => reported.length > 0, 10_000);
+    assert.deepEqual(reported.map((r) => [r.run_id, r.status, r.previous_owner]), [
+      [runId, "queued", "vanished"],
+    ]);
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), ["run.admitted", "run.started", "run.retrying"]);
+    assert.equal(evs[2].payload.reason, "lease expired");
+  } finally {
+    await Promise.all([reclaimer.stop(), reclaimer.stop()]);
     await db.drop();
   }
 });

@@ -2,12 +2,13 @@
  * The executor. A `Worker` claims due queued runs from Postgres (woken by
  * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
  * at once, keeps their leases alive with heartbeats, and finishes each one:
- * `succeeded`, retried with backoff, or `failed` after its last attempt. A
- * reclaimer returns runs whose lease expired (their worker died) to the
- * queue, so a worker killed with SIGKILL loses no run: it is executed again
- * elsewhere (execution is at-least-once; a handler with side effects must be
- * idempotent per run id).
+ * `succeeded`, retried with backoff, or `failed` after its last attempt.
+ * Beside it runs its `Reclaimer` (worker/reclaimer.ts), which returns runs
+ * whose lease expired (their worker died) to the queue, so a worker killed
+ * with SIGKILL loses no run: it is executed again elsewhere (execution is
+ * at-least-once; a handler with side effects must be idempotent per run id).
  */
+import type { ErrorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { Waker } from "../core/waker.ts";
 import { once, type Service } from "../core/lifecycle.ts";
@@ -23,10 +24,10 @@ import {
   notifyQueued,
   QUEUE_CHANNEL,
   type ReclaimedRun,
-  reclaimExpired,
   releaseRun,
 } from "../db/queue.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
+import { Reclaimer } from "./reclaimer.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =
@@ -67,8 +68,6 @@ export interface WorkerOptions {
   listener?: () => Sql;
 }
 
-// Runs one reclaim statement takes at most; more are taken by looping.
-const RECLAIM_BATCH = 100;
 // Database errors in the loops back off from this to ten seconds.
 const DB_RETRY_BASE_MS = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
@@ -105,6 +104,7 @@ export class Worker implements Service {
   readonly #loops: Promise<void>[] = [];
   readonly #notify: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
+  readonly #reclaimer: Reclaimer;
   #started = false;
   #woken = false;
   #wakeup: AbortController | undefined;
@@ -127,6 +127,18 @@ export class Worker implements Service {
       (err) => this.#log.warn("notify failed", { error: err }),
     );
     this.#notify = () => waker.poke();
+    this.#reclaimer = new Reclaimer(sql, {
+      intervalMs: this.#opts.reclaimMs,
+      log: this.#log,
+      onReclaimed: (runs) => {
+        this.#opts.hooks.onReclaimed?.(runs);
+        // Requeued runs are due now: this worker and the others may take them.
+        if (runs.some((r) => r.status === "queued")) {
+          this.#wake();
+          this.#notify();
+        }
+      },
+    });
   }
 
   /** This worker's lease owner id. */
@@ -147,7 +159,8 @@ export class Worker implements Service {
     // Waiting for the first LISTEN means a NOTIFY sent after start() returns
     // is not missed; if Postgres is down, polling carries on meanwhile.
     if (!await this.#listen()) this.#loops.push(this.#listenLoop());
-    this.#loops.push(this.#claimLoop(), this.#reclaimLoop());
+    this.#loops.push(this.#claimLoop());
+    await this.#reclaimer.start();
     this.#log.info("worker started", {
       concurrency: this.#opts.concurrency,
       lease_ms: this.#opts.leaseMs,
@@ -168,7 +181,7 @@ export class Worker implements Service {
     this.#wakeup?.abort();
     for (const t of this.#timers) clearTimeout(t);
     this.#timers.clear();
-    await Promise.all(this.#loops);
+    await Promise.all([...this.#loops, this.#reclaimer.stop()]);
     try {
       await this.#unlisten?.();
     } catch (err) {
@@ -283,48 +296,6 @@ export class Worker implements Service {
     }
   }
 
-  // ---- reclaiming ----
-
-  async #reclaimLoop(): Promise<void> {
-    let failures = 0;
-    while (!this.#stopping.signal.aborted) {
-      // Jitter keeps a fleet started together from reclaiming in lockstep.
-      const wait = this.#opts.reclaimMs * (0.75 + Math.random() / 2);
-      await delay(
-        failures ? backoffWithJitter(failures, wait, DB_RETRY_CAP_MS) : wait,
-        this.#stopping.signal,
-      );
-      if (this.#stopping.signal.aborted) return;
-      try {
-        const all: ReclaimedRun[] = [];
-        for (;;) {
-          const batch = await reclaimExpired(this.#sql, RECLAIM_BATCH);
-          all.push(...batch);
-          if (batch.length < RECLAIM_BATCH) break;
-        }
-        failures = 0;
-        if (all.length === 0) continue;
-        for (const r of all) {
-          this.#log.warn("lease expired", {
-            tenant: r.tenant_id,
-            run_id: r.run_id,
-            attempt: r.attempts,
-            previous_worker: r.previous_owner,
-            status: r.status,
-          });
-        }
-        this.#opts.hooks.onReclaimed?.(all);
-        if (all.some((r) => r.status === "queued")) {
-          this.#wake();
-          this.#notify();
-        }
-      } catch (err) {
-        failures++;
-        this.#log.warn("reclaim failed", { error: err, failures });
-      }
-    }
-  }
-
   // ---- executing ----
 
   #execute(run: ClaimedRun, claimedAt: number): void {
@@ -381,7 +352,7 @@ export class Worker implements Service {
           // Checked here, where it can fail the run, not in the write.
           JSON.stringify(outcome.result ?? null);
         } catch (err) {
-          const error = { message: `result is not JSON: ${errorMessage(err)}`, code: "bad-result" };
+          const error = attemptError("bad-result", `result is not JSON: ${errorMessage(err)}`);
           return await this.#fail(entry, lease, error, true, log);
         }
         const ok = await this.#write(
@@ -438,12 +409,12 @@ export class Worker implements Service {
       return {
         ok: false,
         final: false,
-        error: {
-          code: "unknown-workflow",
-          message: `workflow ${ref} is not registered in worker ${this.#opts.id} (known: ${
+        error: attemptError(
+          "unknown-workflow",
+          `workflow ${ref} is not registered in worker ${this.#opts.id} (known: ${
             this.#registry.list().join(", ")
           })`,
-        },
+        ),
       };
     }
     const parsed = wf.workflow.input.safeParse(run.input);
@@ -452,14 +423,12 @@ export class Worker implements Service {
       return {
         ok: false,
         final: true,
-        error: {
-          code: "validation",
-          message: `input does not match ${ref}`,
+        error: attemptError("validation", `input does not match ${ref}`, {
           issues: parsed.error.issues.map((i) => ({
             path: i.path.map(String).join("."),
             message: i.message,
           })),
-        },
+        }),
       };
     }
     try {
@@ -567,4 +536,13 @@ export class Worker implements Service {
 
 function errorMessage(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
+}
+
+/** A failure poimen itself decides, under a code from the one error table. */
+function attemptError(
+  code: ErrorCode,
+  message: string,
+  extra: Record<string, unknown> = {},
+): AttemptError {
+  return { code, message, ...extra };
 }

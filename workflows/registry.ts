@@ -6,6 +6,7 @@
  */
 import type { z } from "zod";
 import type { Logger } from "../core/log.ts";
+import { WORKFLOW_NAME_PATTERN, WORKFLOW_REF_PATTERN } from "../contracts/runs.ts";
 
 /** What a handler gets besides its input. */
 export interface WorkflowContext {
@@ -39,10 +40,6 @@ export interface ResolvedWorkflow {
   workflow: Workflow<any>;
 }
 
-const NAME = /^[a-z][a-z0-9_.-]{0,99}$/;
-/** `name` or `name@version`. */
-export const WORKFLOW_REF = /^([a-z][a-z0-9_.-]{0,99})(?:@([1-9][0-9]{0,8}))?$/;
-
 export class WorkflowRegistry {
   // name → versions, newest last
   // deno-lint-ignore no-explicit-any
@@ -55,7 +52,7 @@ export class WorkflowRegistry {
 
   /** Adds one version; registering the same name and version twice is a programming error. */
   register<I>(wf: Workflow<I>): this {
-    if (!NAME.test(wf.name)) throw new Error(`bad workflow name: ${wf.name}`);
+    if (!WORKFLOW_NAME_PATTERN.test(wf.name)) throw new Error(`bad workflow name: ${wf.name}`);
     if (!Number.isInteger(wf.version) || wf.version < 1) {
       throw new Error(`bad workflow version: ${wf.name}@${wf.version}`);
     }
@@ -71,7 +68,7 @@ export class WorkflowRegistry {
 
   /** Resolves `name` (newest version) or `name@version`; undefined when unknown. */
   resolve(ref: string): ResolvedWorkflow | undefined {
-    const m = WORKFLOW_REF.exec(ref);
+    const m = WORKFLOW_REF_PATTERN.exec(ref);
     if (!m) return undefined;
     const versions = this.#byName.get(m[1]);
     if (!versions) return undefined;
