@@ -24,6 +24,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<{ main: Co
     load: () => import("./relay/process.ts"),
   },
   migrate: { summary: "apply pending database migrations", load: () => import("./cli/migrate.ts") },
+  init: {
+    summary: "migrate, create tenants and topics, keep the relay's token (idempotent)",
+    load: () => import("./cli/init.ts"),
+  },
   token: { summary: "create a tenant or service token", load: () => import("./cli/token.ts") },
   topics: { summary: "declare tenants' Kafka topics", load: () => import("./cli/topics.ts") },
   dispatch: {

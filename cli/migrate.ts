@@ -1,7 +1,7 @@
 /** `deno task migrate`: applies pending migrations (safe from several processes at once). */
 import { z } from "zod";
 import { databaseEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
-import { createLogger } from "../core/log.ts";
+import { createLogger, type Logger } from "../core/log.ts";
 import { createPool } from "../db/pool.ts";
 import { ensureDatabase, loadMigrations, migrate } from "../db/migrate.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
@@ -21,13 +21,17 @@ export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
   const config = readEnv(MigrateEnv, processEnv());
-  const log = createLogger("migrate", config.LOG_LEVEL);
-  if (await ensureDatabase(config.DATABASE_URL)) log.info("database created");
-  const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-migrate" });
+  await migrateDatabase(config.DATABASE_URL, createLogger("migrate", config.LOG_LEVEL));
+  return 0;
+}
+
+/** Creates the database at `url` if missing and applies the pending migrations. */
+export async function migrateDatabase(url: string, log: Logger): Promise<void> {
+  if (await ensureDatabase(url)) log.info("database created");
+  const sql = createPool({ url, max: 1, applicationName: "poimen-migrate" });
   try {
     const applied = await migrate(sql, await loadMigrations(), log);
     log.info(applied.length ? "migrated" : "already up to date", { applied });
-    return 0;
   } finally {
     await sql.end({ timeout: 5 });
   }

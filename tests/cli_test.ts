@@ -17,6 +17,7 @@ const COMMANDS = [
   "outbox",
   "relay",
   "migrate",
+  "init",
   "token",
   "topics",
   "dispatch",

@@ -1,0 +1,120 @@
+/**
+ * `deno task init`: readies an empty installation, idempotently, so a
+ * container platform can run it before every start (compose.yaml's `init`
+ * service): migrates, creates the tenants of POIMEN_TENANTS with their
+ * topics, and, when RELAY_TOKEN_FILE is set, keeps the relay's service token
+ * there — minted on the first run, read back and re-registered (should the
+ * database have been reset) on every later one, so restarts reuse it.
+ * The token itself is never printed or logged.
+ */
+import { z } from "zod";
+import { brokerList, databaseEnv, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { createLogger, type Logger } from "../core/log.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
+import { isTenantId } from "../contracts/topics.ts";
+import { createPool, type Sql } from "../db/pool.ts";
+import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
+import { hashToken, newToken } from "../api/auth.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
+import { migrateDatabase } from "./migrate.ts";
+
+/** The service name the relay's token is registered under. */
+export const RELAY_SERVICE = "relay";
+
+export const InitEnv = z.object({
+  ...databaseEnv,
+  ...kafkaEnv,
+  ...logEnv,
+  /** Tenants to create, with their topics: a comma-separated list of tenant ids. */
+  POIMEN_TENANTS: z.string().default("").refine(
+    (v) => tenantList(v).every(isTenantId),
+    "expected tenant ids (a-z, 0-9, _ and -, 1-63 chars) separated by commas",
+  ),
+  /** Where the relay's service token is kept; unset: no relay token. */
+  RELAY_TOKEN_FILE: z.string().min(1).optional(),
+});
+
+const COMMAND = {
+  name: "init",
+  synopsis: "",
+  description: `
+Readies an installation, idempotently: migrates the database, creates the
+tenants of POIMEN_TENANTS and declares their topics, and keeps the relay's
+service token in RELAY_TOKEN_FILE (minted once, re-registered if the database
+lost it). Safe to run before every start.`,
+  env: InitEnv,
+} satisfies CommandSpec;
+
+function tenantList(value: string): string[] {
+  return value.split(",").map((t) => t.trim()).filter(Boolean);
+}
+
+export async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
+  const config = readEnv(InitEnv, processEnv());
+  const log = createLogger("init", config.LOG_LEVEL);
+  const tenants = tenantList(config.POIMEN_TENANTS);
+
+  await migrateDatabase(config.DATABASE_URL, log);
+  const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-init" });
+  try {
+    for (const tenant of tenants) {
+      if (await insertTenant(sql, tenant)) log.info("tenant created", { tenant });
+    }
+    if (config.RELAY_TOKEN_FILE !== undefined) {
+      await ensureRelayToken(sql, config.RELAY_TOKEN_FILE, log);
+    }
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+
+  if (tenants.length > 0) {
+    const admin = createAdmin({
+      brokers: brokerList(config.KAFKA_BROKERS),
+      clientId: `${config.KAFKA_CLIENT_ID}-init`,
+      logger: log,
+    });
+    try {
+      for (const tenant of tenants) {
+        const { created } = await ensureTenantTopics(admin, tenant, {
+          partitions: config.TOPIC_PARTITIONS,
+          replicationFactor: config.TOPIC_REPLICATION_FACTOR,
+          retentionMs: config.TOPIC_RETENTION_MS,
+        });
+        log.info("topics declared", { tenant, created });
+      }
+    } finally {
+      await admin.close();
+    }
+  }
+  log.info("initialised", { tenants });
+  return 0;
+}
+
+/** Reads the token kept in `path` (minting and writing one when there is none) and registers it. */
+async function ensureRelayToken(sql: Sql, path: string, log: Logger): Promise<void> {
+  let token = (await Deno.readTextFile(path).catch((err) => {
+    if (err instanceof Deno.errors.NotFound) return "";
+    throw err;
+  })).trim();
+  if (token === "") {
+    token = newToken();
+    // Written whole or not at all: a crash mid-write must not leave half a token.
+    const partial = `${path}.partial`;
+    await Deno.writeTextFile(partial, token + "\n", { mode: 0o600 });
+    await Deno.rename(partial, path);
+    log.info("relay token minted", { file: path });
+  }
+  const hash = await hashToken(token);
+  const known = await selectToken(sql, hash);
+  if (known === undefined) {
+    await insertToken(sql, hash, { kind: "service", tenant_id: null, name: RELAY_SERVICE });
+    log.info("relay token registered", { file: path });
+  } else if (known.kind !== "service") {
+    throw new Error(`${path} holds a ${known.kind} token, not a service token`);
+  } else {
+    log.info("relay token already registered", { file: path });
+  }
+}

@@ -1,0 +1,95 @@
+/**
+ * `init` readies an installation and can run before every start: the first
+ * run migrates, creates tenants and topics and mints the relay's token into
+ * RELAY_TOKEN_FILE; later runs reuse that token (re-registering it when the
+ * database lost it) instead of minting a new one.
+ */
+import assert from "node:assert/strict";
+import { freshDatabase } from "./support/db.ts";
+import { ApiProcess, permissions, runCommand } from "./support/processes.ts";
+import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
+import { createAdmin } from "../kafka/admin.ts";
+import { tenantTopics } from "../contracts/topics.ts";
+import { HEADERS } from "../contracts/runs.ts";
+
+/** The init task's permissions, with its state directory moved to `dir`. */
+function initPermissions(dir: string): string[] {
+  return permissions("init").map((p) => p.replaceAll("/var/lib/poimen", dir));
+}
+
+Deno.test({
+  name: "init: a second run reuses the relay token it minted, and registers it again after a reset",
+  ...KAFKA_TEST,
+  fn: async () => {
+    const db = await freshDatabase(false);
+    const dir = await Deno.makeTempDir({ prefix: "poimen-init-" });
+    const run = crypto.randomUUID().slice(0, 8);
+    const tenants = [`init-${run}-a`, `init-${run}-b`];
+    const file = `${dir}/relay_token`;
+    const env = {
+      DATABASE_URL: db.url,
+      KAFKA_BROKERS: BROKER,
+      TOPIC_PARTITIONS: "1",
+      POIMEN_TENANTS: ` ${tenants[0]},${tenants[1]} `,
+      RELAY_TOKEN_FILE: file,
+      LOG_LEVEL: "info",
+    };
+    const init = async () => {
+      const out = await runCommand("init", [], env, initPermissions(dir));
+      assert.equal(out.code, 0, out.stderr + out.stdout);
+      return out;
+    };
+    const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
+    let api: ApiProcess | undefined;
+    try {
+      const first = await init();
+      const token = (await Deno.readTextFile(file)).trim();
+      assert.match(token, /^pmn_/);
+      assert.equal((await Deno.stat(file)).mode! & 0o777, 0o600);
+      assert.ok(!(first.stdout + first.stderr).includes(token), "the token is never printed");
+
+      const tenantRows = await db.sql`select tenant_id from tenants order by tenant_id`;
+      assert.deepEqual(tenantRows.map((r) => r.tenant_id), tenants);
+      const topics = await admin.listTopics();
+      for (const t of tenants.flatMap(tenantTopics)) assert.ok(topics.includes(t), t);
+
+      const second = await init();
+      assert.equal((await Deno.readTextFile(file)).trim(), token, "the same token");
+      assert.match(second.stdout + second.stderr, /relay token already registered/);
+      const [{ n }] = await db.sql`select count(*)::int as n from api_tokens`;
+      assert.equal(n, 1, "no second token");
+
+      // The database is reset; the file is not (another volume).
+      await db.sql`delete from api_tokens`;
+      await init();
+      assert.equal((await Deno.readTextFile(file)).trim(), token);
+
+      // The kept token is what the relay presents: the API accepts it for a tenant.
+      api = await new ApiProcess({ DATABASE_URL: db.url }).ready();
+      const res = await fetch(`${api.url}/v1/runs`, {
+        headers: { authorization: `Bearer ${token}`, [HEADERS.tenant]: tenants[0] },
+      });
+      assert.equal(res.status, 200, await res.text());
+    } finally {
+      await api?.stop();
+      try {
+        await admin.deleteTopics(tenants.flatMap(tenantTopics));
+      } finally {
+        await admin.close();
+      }
+      await Deno.remove(dir, { recursive: true });
+      await db.drop();
+    }
+  },
+});
+
+Deno.test("init: a bad tenant list is refused in one line naming POIMEN_TENANTS, exit 2", async () => {
+  const out = await runCommand(
+    "init",
+    [],
+    { POIMEN_TENANTS: "acme,Not A Tenant", DATABASE_URL: "postgres://postgres@127.0.0.1:1/x" },
+    permissions("init"),
+  );
+  assert.equal(out.code, 2, out.stderr);
+  assert.match(out.stderr.trim(), /^config: POIMEN_TENANTS is invalid: /);
+});
