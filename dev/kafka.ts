@@ -388,6 +388,21 @@ export async function stopBroker(opts: BrokerOptions = brokerOptionsFromEnv()): 
   return true;
 }
 
+/**
+ * Crashes the development broker: SIGKILL, no shutdown, as a power cut of
+ * the process (not of the machine: what the broker acknowledged is in the
+ * page cache). Resolves once it is gone; false when it was not running.
+ */
+export async function killBroker(opts: BrokerOptions = brokerOptionsFromEnv()): Promise<boolean> {
+  const pid = await brokerRunning(opts);
+  if (pid === undefined) return false;
+  try {
+    Deno.kill(pid, "SIGKILL");
+  } catch { /* already gone */ }
+  while (await alive(pid)) await delay(50);
+  return true;
+}
+
 async function main(command: string | undefined): Promise<number> {
   const say = (line: string) => console.log(line);
   let opts: BrokerOptions;

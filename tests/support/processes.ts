@@ -1,119 +1,12 @@
 /**
- * Real poimen processes for integration tests: `deno run main.ts <command>`
- * with the same permissions as its `deno task`, its own environment, logs
- * kept for failure reports, stopped with SIGTERM.
+ * Real poimen processes for integration tests: the generic parts live in
+ * dev/processes.ts (shared with `deno task chaos`); here, what only tests
+ * need (an API process that waits until ready, a metrics sample parser).
  */
 import { waitFor } from "./db.ts";
-import { taskArgs } from "../../dev/tasks.ts";
+import { freePort, PoimenProcess } from "../../dev/processes.ts";
 
-const ROOT = new URL("../../", import.meta.url);
-
-/** The permission flags of process `command`, as its deno.json task declares them. */
-export function permissions(command: string): string[] {
-  return taskArgs(command).filter((a) => a.startsWith("--allow-") || a.startsWith("--deny-"));
-}
-
-/** A free TCP port on 127.0.0.1 (asked of the OS, then released). */
-export function freePort(): number {
-  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
-  const port = (l.addr as Deno.NetAddr).port;
-  l.close();
-  return port;
-}
-
-/** The variable naming each background process's metrics/health port. */
-const METRICS_PORT_VARIABLE: Record<string, string> = {
-  worker: "WORKER_METRICS_PORT",
-  outbox: "OUTBOX_METRICS_PORT",
-  relay: "RELAY_METRICS_PORT",
-};
-
-export class PoimenProcess {
-  readonly command: string;
-  /**
-   * Where a worker, outbox or relay serves `/metrics`, `/healthz` and
-   * `/readyz`: a free port unless `env` names one, so processes of parallel
-   * tests (and a `deno task up` elsewhere) never fight over the defaults.
-   */
-  readonly metricsUrl: string | undefined;
-  readonly #child: Deno.ChildProcess;
-  readonly #log: string[] = [];
-  readonly #done: Promise<Deno.CommandStatus>;
-  #exited = false;
-
-  constructor(command: string, env: Record<string, string>, extraArgs: string[] = []) {
-    this.command = command;
-    const portVariable = METRICS_PORT_VARIABLE[command];
-    if (portVariable !== undefined) {
-      env = { [portVariable]: String(freePort()), ...env };
-      this.metricsUrl = `http://127.0.0.1:${env[portVariable]}`;
-    }
-    this.#child = new Deno.Command(Deno.execPath(), {
-      args: ["run", ...permissions(command), "main.ts", command, ...extraArgs],
-      cwd: ROOT,
-      env: { NO_COLOR: "1", ...env },
-      stdin: "null",
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
-    this.#collect(this.#child.stdout);
-    this.#collect(this.#child.stderr);
-    this.#done = this.#child.status.then((s) => {
-      this.#exited = true;
-      return s;
-    });
-  }
-
-  async #collect(stream: ReadableStream<Uint8Array>) {
-    const lines = stream.pipeThrough(new TextDecoderStream());
-    let rest = "";
-    for await (const chunk of lines) {
-      const parts = (rest + chunk).split("\n");
-      rest = parts.pop() ?? "";
-      this.#log.push(...parts);
-      if (this.#log.length > 5000) this.#log.splice(0, this.#log.length - 5000);
-    }
-    if (rest) this.#log.push(rest);
-  }
-
-  get pid(): number {
-    return this.#child.pid;
-  }
-
-  get exited(): boolean {
-    return this.#exited;
-  }
-
-  /** Everything the process wrote so far. */
-  logs(): string[] {
-    return [...this.#log];
-  }
-
-  /** Resolves with the exit status. */
-  status(): Promise<Deno.CommandStatus> {
-    return this.#done;
-  }
-
-  /** Sends `signal` and waits for the exit (killing it after `timeoutMs`). */
-  async stop(signal: Deno.Signal = "SIGTERM", timeoutMs = 15_000): Promise<Deno.CommandStatus> {
-    if (!this.#exited) {
-      try {
-        this.#child.kill(signal);
-      } catch { /* already gone */ }
-      const timer = setTimeout(() => {
-        try {
-          this.#child.kill("SIGKILL");
-        } catch { /* gone */ }
-      }, timeoutMs);
-      try {
-        return await this.#done;
-      } finally {
-        clearTimeout(timer);
-      }
-    }
-    return await this.#done;
-  }
-}
+export { freePort, permissions, PoimenProcess, runCommand } from "../../dev/processes.ts";
 
 /** A running API process on a free port. */
 export class ApiProcess extends PoimenProcess {
@@ -155,21 +48,4 @@ export function sampleValue(text: string, name: string, labels: Record<string, s
     if (Object.entries(labels).every(([k, v]) => have.get(k) === v)) sum += Number(m[4]);
   }
   return sum;
-}
-
-/** Runs `main.ts <command> args` to completion and returns its status and output. */
-export async function runCommand(
-  command: string,
-  args: string[],
-  env: Record<string, string>,
-  permissions: string[] = ["-A"],
-): Promise<{ code: number; stdout: string; stderr: string }> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...permissions, "main.ts", command, ...args],
-    cwd: ROOT,
-    env: { NO_COLOR: "1", ...env },
-    stdin: "null",
-  }).output();
-  const dec = new TextDecoder();
-  return { code: out.code, stdout: dec.decode(out.stdout), stderr: dec.decode(out.stderr) };
 }

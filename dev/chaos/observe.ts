@@ -1,0 +1,197 @@
+/**
+ * What the chaos checks look at, read from the outside: the chaos database
+ * (runs, unpublished events) and the topics read back from the broker
+ * (dispatch, dead letters, events), plus the relay group's lag for draining.
+ * The harness' own queries live here; poimen's runtime SQL stays in db/.
+ */
+import type { Sql } from "../../db/pool.ts";
+import { createAdmin } from "../../kafka/admin.ts";
+import { type ConsumedMessage, createConsumer } from "../../kafka/consumer.ts";
+import { delay, SECOND } from "../../core/time.ts";
+
+/** A run as the checks need it. */
+export interface RunRow {
+  tenant: string;
+  runId: string;
+  dispatchKey: string | null;
+  status: string;
+  /** The seq of the last event written for the run. */
+  eventSeq: number;
+  /** `input.chaos_keyless` of a keyless message's run. */
+  marker: string | null;
+  attempts: number;
+  error: string | null;
+}
+
+/** An event row not published (yet). */
+export interface UnpublishedEvent {
+  tenant: string;
+  runId: string;
+  seq: number;
+  type: string;
+  parked: boolean;
+}
+
+/** All runs of the chaos database. */
+export async function selectRuns(sql: Sql): Promise<RunRow[]> {
+  const rows = await sql<
+    {
+      tenant_id: string;
+      run_id: string;
+      dispatch_key: string | null;
+      status: string;
+      event_seq: number;
+      marker: string | null;
+      attempts: number;
+      error: string | null;
+    }[]
+  >`
+    select tenant_id, run_id, dispatch_key, status, event_seq, attempts,
+           case when jsonb_typeof(input) = 'object' then input ->> 'chaos_keyless' end as marker,
+           left(error::text, 300) as error
+      from runs`;
+  return rows.map((r) => ({
+    tenant: r.tenant_id,
+    runId: r.run_id,
+    dispatchKey: r.dispatch_key,
+    status: r.status,
+    eventSeq: r.event_seq,
+    marker: r.marker,
+    attempts: r.attempts,
+    error: r.error,
+  }));
+}
+
+/**
+ * The column that marks an event the outbox gave up on (parked), if the
+ * schema has one: any `work_events` column whose name contains "park".
+ */
+async function parkedColumn(sql: Sql): Promise<{ name: string; type: string } | undefined> {
+  const [col] = await sql<{ column_name: string; data_type: string }[]>`
+    select column_name, data_type from information_schema.columns
+     where table_schema = current_schema() and table_name = 'work_events'
+       and column_name like '%park%'
+     order by ordinal_position limit 1`;
+  return col ? { name: col.column_name, type: col.data_type } : undefined;
+}
+
+/** Events not published, each saying whether it is parked. */
+export async function selectUnpublished(sql: Sql): Promise<UnpublishedEvent[]> {
+  const col = await parkedColumn(sql);
+  const parked = col === undefined
+    ? sql`false`
+    : col.type === "boolean"
+    ? sql`coalesce(${sql(col.name)}, false)`
+    : sql`${sql(col.name)} is not null`;
+  const rows = await sql<
+    { tenant_id: string; run_id: string; seq: number; type: string; parked: boolean }[]
+  >`
+    select tenant_id, run_id, seq, type, ${parked} as parked
+      from work_events where published_at is null`;
+  return rows.map((r) => ({
+    tenant: r.tenant_id,
+    runId: r.run_id,
+    seq: r.seq,
+    type: r.type,
+    parked: r.parked,
+  }));
+}
+
+/** How far the system is from drained: each number must reach 0. */
+export interface DrainState {
+  /** Dispatch messages not yet committed by the relay group. */
+  lag: number;
+  /** Runs queued or running. */
+  open: number;
+  /** Events neither published nor parked. */
+  unpublished: number;
+}
+
+/** Counts of open runs and of events waiting to be published. */
+export async function databaseBacklog(sql: Sql): Promise<{ open: number; unpublished: number }> {
+  const [runs] = await sql<{ n: number }[]>`
+    select count(*)::int as n from runs where status in ('queued', 'running')`;
+  const unpublished = (await selectUnpublished(sql)).filter((e) => !e.parked).length;
+  return { open: runs.n, unpublished };
+}
+
+/** Messages on `topics` the relay group has not committed past. */
+export async function relayLag(
+  brokers: string[],
+  groupId: string,
+  topics: string[],
+): Promise<number> {
+  const admin = createAdmin({ brokers, clientId: "poimen-chaos-lag", retries: 1 });
+  try {
+    const [ends, committed] = await Promise.all([
+      admin.endOffsets(topics),
+      admin.committedOffsets(groupId, topics),
+    ]);
+    const done = new Map(committed.map((c) => [`${c.topic}/${c.partition}`, c.offset]));
+    let lag = 0n;
+    for (const end of ends) {
+      const from = done.get(`${end.topic}/${end.partition}`) ?? 0n;
+      if (end.offset > from) lag += end.offset - from;
+    }
+    return Number(lag);
+  } finally {
+    await admin.close().catch(() => {});
+  }
+}
+
+/**
+ * Every message on `topics`, from the earliest offset to the end offset
+ * each partition had when this was called, in offset order per partition.
+ */
+export async function readTopics(
+  brokers: string[],
+  topics: string[],
+  timeoutMs = 120 * SECOND,
+): Promise<ConsumedMessage[]> {
+  const admin = createAdmin({ brokers, clientId: "poimen-chaos-read" });
+  const waiting = new Map<string, bigint>();
+  try {
+    const [ends, starts] = await Promise.all([
+      admin.endOffsets(topics),
+      admin.startOffsets(topics),
+    ]);
+    const first = new Map(starts.map((s) => [`${s.topic}/${s.partition}`, s.offset]));
+    for (const e of ends) {
+      const key = `${e.topic}/${e.partition}`;
+      if (e.offset > (first.get(key) ?? 0n)) waiting.set(key, e.offset);
+    }
+  } finally {
+    await admin.close().catch(() => {});
+  }
+  const got: ConsumedMessage[] = [];
+  if (waiting.size === 0) return got;
+  const consumer = createConsumer({
+    brokers,
+    clientId: "poimen-chaos-read",
+    groupId: `poimen-chaos-read-${crypto.randomUUID()}`,
+    topics,
+    startFrom: "earliest",
+    maxBuffered: 5000,
+  });
+  const timeout = new AbortController();
+  const timedOut = delay(timeoutMs, timeout.signal).then(() => undefined);
+  const messages = consumer[Symbol.asyncIterator]();
+  try {
+    while (waiting.size > 0) {
+      const next = await Promise.race([messages.next(), timedOut]);
+      if (next === undefined || next.done) {
+        throw new Error(`reading ${topics.join(", ")} back timed out: ${[...waiting.keys()]}`);
+      }
+      const m = next.value;
+      const key = `${m.topic}/${m.partition}`;
+      const end = waiting.get(key);
+      if (end === undefined) continue;
+      got.push(m);
+      if (m.offset + 1n >= end) waiting.delete(key);
+    }
+  } finally {
+    timeout.abort();
+    await consumer.close();
+  }
+  return got;
+}

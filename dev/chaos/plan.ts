@@ -1,0 +1,238 @@
+/**
+ * The chaos workload, decided up front from a seed: which dispatch messages
+ * are published, in which order, which are redeliveries (the same bytes
+ * published again), which are poison, and which keys HTTP callers race for.
+ * Pure: no I/O, so a seed reproduces the same messages.
+ */
+
+/** What a poison message is, and so what must become of it. */
+export type PoisonKind =
+  /** Not JSON: dead-lettered `bad-json`. */
+  | "bad-json"
+  /** A workflow no registry knows: dead-lettered `unknown-workflow`. */
+  | "unknown-workflow"
+  /** A NUL character in the input, which Postgres' jsonb cannot hold: dead-lettered `validation`. */
+  | "nul-input"
+  /** A body over the API's body limit: dead-lettered `body-too-large`. */
+  | "oversized-body"
+  /**
+   * A body under the limit whose run's result (echo returns its input) is
+   * several times larger once stored, larger than a Kafka message may be:
+   * admitted once, and its run must still end and its events not block others.
+   */
+  | "oversized-result"
+  /** No dispatch_key: admitted exactly once, or dead-lettered `missing-dispatch-key`. */
+  | "keyless";
+
+export const POISON_KINDS: readonly PoisonKind[] = [
+  "bad-json",
+  "unknown-workflow",
+  "nul-input",
+  "oversized-body",
+  "oversized-result",
+  "keyless",
+];
+
+/** One message to publish on a tenant's dispatch topic. */
+export interface PlannedMessage {
+  tenant: string;
+  /** The Kafka key: unique per intended run (`<tenant>/<dispatch_key or marker>`). */
+  key: string;
+  value: string;
+  kind: "fresh" | "redelivery" | PoisonKind;
+  /** The run's dispatch_key, when the body has one. */
+  dispatchKey?: string;
+  /** Keyless messages: the unique marker in their input (`input.chaos_keyless`). */
+  marker?: string;
+  /** HTTP callers post the same body over `POST /v1/runs` while it is published. */
+  race: boolean;
+}
+
+/** A poison message: one of the planned messages, of a poison kind. */
+export type PoisonMessage = PlannedMessage & { kind: PoisonKind };
+
+export interface PlanOptions {
+  /** Dispatch messages over all tenants. */
+  messages: number;
+  /** The tenant that gets the poison, and the one that must stay unaffected. */
+  tenants: { poisoned: string; clean: string };
+  seed: number;
+  /** The API's body limit: oversized bodies are made larger, oversized results just under. */
+  bodyLimit: number;
+}
+
+export interface Plan {
+  /** In publishing order. */
+  messages: PlannedMessage[];
+  /** Keys that must each end as exactly one run, per tenant (fresh and oversized-result). */
+  keys: Map<string, Set<string>>;
+  /** The poison messages, one entry each (none is republished). */
+  poison: PoisonMessage[];
+}
+
+/** Share of messages on the clean tenant, of redeliveries, of poison, of raced keys. */
+export const SHARES = { clean: 0.2, redeliveries: 0.2, poison: 0.01, race: 0.1 } as const;
+
+/** mulberry32: a small, fast, seedable PRNG (the workload, not security). */
+export function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6D2B79F5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function shuffle<T>(items: T[], random: () => number): T[] {
+  for (let i = items.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [items[i], items[j]] = [items[j], items[i]];
+  }
+  return items;
+}
+
+const body = (value: Record<string, unknown>) => JSON.stringify(value);
+
+function poisonMessage(
+  tenant: string,
+  kind: PoisonKind,
+  n: number,
+  bodyLimit: number,
+): PoisonMessage {
+  const dispatchKey = `poison-${kind}-${n}`;
+  const keyed = (value: string): PoisonMessage => ({
+    tenant,
+    key: `${tenant}/${dispatchKey}`,
+    value,
+    kind,
+    dispatchKey,
+    race: false,
+  });
+  switch (kind) {
+    case "bad-json":
+      return keyed(`{"workflow_ref":"echo","dispatch_key":"${dispatchKey}","input":{"n":${n}`);
+    case "unknown-workflow":
+      return keyed(
+        body({ workflow_ref: "chaos-no-such-workflow", input: { n }, dispatch_key: dispatchKey }),
+      );
+    case "nul-input": {
+      // JSON.stringify writes U+0000 as the escape \u0000: valid JSON, invalid jsonb.
+      const inputs = ["\u0000", { text: `a\u0000b` }, [n, "\u0000"]];
+      return keyed(
+        body({ workflow_ref: "echo", input: inputs[n % inputs.length], dispatch_key: dispatchKey }),
+      );
+    }
+    case "oversized-body":
+      return keyed(body({
+        workflow_ref: "echo",
+        input: { blob: "x".repeat(bodyLimit + 16 * 1024) },
+        dispatch_key: dispatchKey,
+      }));
+    case "oversized-result": {
+      // `1e20,` is 5 bytes in the body and 22 in the result (100000000000000000000):
+      // a body just under the limit makes a result over a megabyte.
+      const count = Math.floor((bodyLimit - 200) / 5);
+      const value = `{"workflow_ref":"echo","dispatch_key":"${dispatchKey}","input":[${
+        Array(count).fill("1e20").join(",")
+      }]}`;
+      return keyed(value);
+    }
+    case "keyless": {
+      const marker = `keyless-${n}`;
+      return {
+        tenant,
+        key: `${tenant}/${marker}`,
+        value: body({ workflow_ref: "echo", input: { chaos_keyless: marker } }),
+        kind,
+        marker,
+        race: false,
+      };
+    }
+  }
+}
+
+function tenantMessages(
+  tenant: string,
+  count: number,
+  poisonCount: number,
+  opts: PlanOptions,
+  random: () => number,
+  keys: Set<string>,
+  poison: PoisonMessage[],
+): PlannedMessage[] {
+  const redeliveries = Math.round(count * SHARES.redeliveries);
+  const fresh = Math.max(1, count - redeliveries - poisonCount);
+  const list: PlannedMessage[] = [];
+  for (let i = 0; i < fresh; i++) {
+    const dispatchKey = `chaos-${i}`;
+    keys.add(dispatchKey);
+    list.push({
+      tenant,
+      key: `${tenant}/${dispatchKey}`,
+      value: body({
+        workflow_ref: "echo",
+        input: { i, key: dispatchKey },
+        dispatch_key: dispatchKey,
+      }),
+      kind: "fresh",
+      dispatchKey,
+      race: random() < SHARES.race,
+    });
+  }
+  for (let i = 0; i < poisonCount; i++) {
+    const kind = POISON_KINDS[i % POISON_KINDS.length];
+    const m = poisonMessage(tenant, kind, i, opts.bodyLimit);
+    if (kind === "oversized-result") keys.add(m.dispatchKey!);
+    poison.push(m);
+    list.push(m);
+  }
+  shuffle(list, random);
+  // A redelivery comes after its original, anywhere later: at once, or long
+  // after its run finished.
+  const originals = list.filter((m) => m.kind === "fresh");
+  for (let r = 0; r < redeliveries; r++) {
+    const original = originals[Math.floor(random() * originals.length)];
+    const at = list.indexOf(original);
+    const to = at + 1 + Math.floor(random() * (list.length - at));
+    list.splice(to, 0, { ...original, kind: "redelivery", race: false });
+  }
+  return list;
+}
+
+/**
+ * The messages of a run: `messages` in all, a fifth on the clean tenant;
+ * about 20 % redeliveries on each; about 1 % poison (at least one of each
+ * kind) on the poisoned tenant; about 10 % of fresh keys raced over HTTP.
+ */
+export function plan(opts: PlanOptions): Plan {
+  const random = prng(opts.seed);
+  const { poisoned, clean } = opts.tenants;
+  const cleanCount = Math.round(opts.messages * SHARES.clean);
+  const poisonCount = Math.max(
+    POISON_KINDS.length,
+    Math.round(opts.messages * SHARES.poison),
+  );
+  const keys = new Map([[poisoned, new Set<string>()], [clean, new Set<string>()]]);
+  const poison: PoisonMessage[] = [];
+  const a = tenantMessages(
+    poisoned,
+    opts.messages - cleanCount,
+    poisonCount,
+    opts,
+    random,
+    keys.get(poisoned)!,
+    poison,
+  );
+  const b = tenantMessages(clean, cleanCount, 0, opts, random, keys.get(clean)!, poison);
+  // Interleave the tenants, each keeping its own order.
+  const messages: PlannedMessage[] = [];
+  let i = 0, j = 0;
+  while (i < a.length || j < b.length) {
+    const left = a.length - i, right = b.length - j;
+    if (random() * (left + right) < left) messages.push(a[i++]);
+    else messages.push(b[j++]);
+  }
+  return { messages, keys, poison };
+}

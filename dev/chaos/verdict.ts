@@ -1,0 +1,310 @@
+/**
+ * The chaos invariants, checked over what was asked for (the plan, the HTTP
+ * callers' answers) and what was found (runs in Postgres, topics read back).
+ * Pure: every input is plain data, so the checks are tested on their own
+ * (tests/dev_chaos_verdict_test.ts).
+ */
+import type { Plan, PoisonKind, PoisonMessage } from "./plan.ts";
+import type { RunRow, UnpublishedEvent } from "./observe.ts";
+
+/** Every invariant, in the order the summary line prints them. */
+export const COUNTERS = [
+  /** A key (or keyless message) that must have made a run and did not, nor was dead-lettered. */
+  "lost",
+  /** More than one run for one key, or for one keyless message. */
+  "dup",
+  /** Runs still queued or running after the drain. */
+  "stuck",
+  /** Events neither published nor parked after the drain. */
+  "unparked",
+  /** Runs whose events on Kafka miss a seq (not parked), end without a terminal event, or are unknown. */
+  "gaps",
+  /** Runs whose events first appear on Kafka out of seq order. */
+  "order",
+  /** Poison with no dead letter, or dead-lettered with the wrong reason. */
+  "dlq_missing",
+  /** Dead letters of messages that must be admitted, and poison that was admitted. */
+  "dlq_extra",
+  /** HTTP callers that got no run, an error, or another run than the key's. */
+  "http",
+  /** Echo runs that ended `failed` (they have nothing to fail on). */
+  "failed",
+  /** Processes that exited on their own (the harness restarts them, as an orchestrator would). */
+  "crashes",
+  /** Violations above that concern the clean tenant. */
+  "tenant_b",
+] as const;
+export type Counter = typeof COUNTERS[number];
+
+/** Where the harness expects a poison message to go: the dead-letter reasons it accepts. */
+export const EXPECTED_REASONS: Record<Exclude<PoisonKind, "oversized-result">, string[]> = {
+  "bad-json": ["bad-json"],
+  "unknown-workflow": ["unknown-workflow"],
+  "nul-input": ["validation"],
+  "oversized-body": ["body-too-large"],
+  // Only when keyless messages are refused rather than admitted once.
+  keyless: ["missing-dispatch-key"],
+};
+
+const TERMINAL_EVENTS = new Set(["run.succeeded", "run.failed", "run.cancelled"]);
+const OPEN = new Set(["queued", "running"]);
+
+/** One event as read back from an events topic. */
+export interface EventSeen {
+  tenant: string;
+  runId: string;
+  seq: number;
+  type: string;
+}
+
+/** One dead letter as read back from a DLQ topic. */
+export interface DeadLetterSeen {
+  tenant: string;
+  key: string;
+  reason: string;
+}
+
+/** What one HTTP caller was told. */
+export interface HttpAnswer {
+  tenant: string;
+  dispatchKey: string;
+  runId?: string;
+  status?: number;
+  error?: string;
+}
+
+export interface Observed {
+  runs: RunRow[];
+  /** Events in the order read back (offset order within each partition). */
+  events: EventSeen[];
+  deadLetters: DeadLetterSeen[];
+  /** Kafka key → how many messages with that key are on its tenant's dispatch topic. */
+  dispatchCopies: Map<string, number>;
+  unpublished: UnpublishedEvent[];
+  http: HttpAnswer[];
+  /** One line per process exit nobody asked for. */
+  crashes: string[];
+}
+
+export interface Verdict {
+  counts: Record<Counter, number>;
+  /** A few examples per counter that is not 0. */
+  examples: Record<Counter, string[]>;
+  /** Facts worth printing that are no violation. */
+  info: { parked: number; deadLetters: number; runs: number; events: number };
+}
+
+const MAX_EXAMPLES = 5;
+
+/** Checks every invariant; `clean` is the tenant that must stay unaffected. */
+export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
+  const counts = Object.fromEntries(COUNTERS.map((c) => [c, 0])) as Record<Counter, number>;
+  const examples = Object.fromEntries(COUNTERS.map((c) => [c, [] as string[]])) as Record<
+    Counter,
+    string[]
+  >;
+  const flag = (counter: Counter, tenant: string, text: string) => {
+    counts[counter]++;
+    if (examples[counter].length < MAX_EXAMPLES) examples[counter].push(`${tenant}: ${text}`);
+    if (tenant === clean && counter !== "tenant_b") flag("tenant_b", tenant, `${counter}: ${text}`);
+  };
+
+  const byKey = group(
+    seen.runs.filter((r) => r.dispatchKey !== null),
+    (r) => `${r.tenant}/${r.dispatchKey}`,
+  );
+  const byMarker = group(
+    seen.runs.filter((r) => r.marker !== null),
+    (r) => `${r.tenant}/${r.marker}`,
+  );
+  const letters = group(seen.deadLetters, (d) => d.key);
+  const poisonByKey = new Map(plan.poison.map((m) => [m.key, m]));
+
+  // Every key: exactly one run.
+  for (const [tenant, keys] of plan.keys) {
+    for (const key of keys) {
+      const runs = byKey.get(`${tenant}/${key}`) ?? [];
+      if (runs.length === 0) flag("lost", tenant, `key ${key}: no run`);
+      if (runs.length > 1) {
+        flag("dup", tenant, `key ${key}: ${runs.length} runs (${runs.map((r) => r.runId)})`);
+      }
+      const dead = letters.get(`${tenant}/${key}`);
+      if (dead) {
+        flag("dlq_extra", tenant, `key ${key} dead-lettered (${dead.map((d) => d.reason)})`);
+      }
+    }
+  }
+
+  // Every poison message: where its kind says it must go.
+  for (const m of plan.poison) {
+    if (m.kind === "oversized-result") continue; // a key like any other, above
+    checkPoison(m, letters.get(m.key) ?? [], byKey, byMarker, seen.dispatchCopies, flag);
+  }
+
+  // Dead letters nobody planned (e.g. on the clean tenant under another key).
+  for (const [key, dead] of letters) {
+    const tenant = dead[0].tenant;
+    const planned = poisonByKey.has(key) ||
+      plan.keys.get(tenant)?.has(key.slice(tenant.length + 1));
+    if (!planned) flag("dlq_extra", tenant, `unexpected dead letter ${key} (${dead[0].reason})`);
+  }
+
+  const oversized = new Set(
+    plan.poison.filter((m) => m.kind === "oversized-result").map((m) =>
+      `${m.tenant}/${m.dispatchKey}`
+    ),
+  );
+  for (const r of seen.runs) {
+    if (OPEN.has(r.status)) {
+      flag("stuck", r.tenant, `run ${r.runId} (${r.dispatchKey ?? r.marker}) still ${r.status}`);
+    }
+    if (r.status === "failed" && !oversized.has(`${r.tenant}/${r.dispatchKey}`)) {
+      flag(
+        "failed",
+        r.tenant,
+        `run ${r.runId} (${
+          r.dispatchKey ?? r.marker
+        }) failed after ${r.attempts} attempts: ${r.error}`,
+      );
+    }
+  }
+
+  checkEvents(seen, flag);
+
+  for (const a of seen.http) {
+    const runs = byKey.get(`${a.tenant}/${a.dispatchKey}`) ?? [];
+    if (a.runId === undefined) {
+      flag("http", a.tenant, `key ${a.dispatchKey}: ${a.status ?? "no answer"} ${a.error ?? ""}`);
+    } else if (runs.length > 0 && !runs.some((r) => r.runId === a.runId)) {
+      flag(
+        "http",
+        a.tenant,
+        `key ${a.dispatchKey}: told run ${a.runId}, the key's run is ${runs[0].runId}`,
+      );
+    }
+  }
+
+  for (const c of seen.crashes) flag("crashes", "-", c);
+
+  const unparked = seen.unpublished.filter((e) => !e.parked);
+  for (const e of unparked) {
+    flag("unparked", e.tenant, `run ${e.runId} seq ${e.seq} (${e.type}) never published`);
+  }
+
+  return {
+    counts,
+    examples,
+    info: {
+      parked: seen.unpublished.length - unparked.length,
+      deadLetters: seen.deadLetters.length,
+      runs: seen.runs.length,
+      events: seen.events.length,
+    },
+  };
+}
+
+type Flag = (counter: Counter, tenant: string, text: string) => void;
+
+function checkPoison(
+  m: PoisonMessage,
+  dead: DeadLetterSeen[],
+  byKey: Map<string, RunRow[]>,
+  byMarker: Map<string, RunRow[]>,
+  copies: Map<string, number>,
+  flag: Flag,
+) {
+  if (m.kind === "oversized-result") return;
+  const expected = EXPECTED_REASONS[m.kind];
+  const reasons = [...new Set(dead.map((d) => d.reason))];
+  const rightReason = dead.some((d) => expected.includes(d.reason));
+  const what = `${m.kind} ${m.key}`;
+  if (m.kind === "keyless") {
+    // Exactly once: one run per copy on the topic (a producer retry may have
+    // written it twice), or a dead letter saying why not.
+    const runs = byMarker.get(`${m.tenant}/${m.marker}`) ?? [];
+    const allowed = Math.max(1, copies.get(m.key) ?? 1);
+    if (runs.length > allowed) {
+      flag("dup", m.tenant, `${what}: ${runs.length} runs for ${allowed} message(s)`);
+    }
+    if (runs.length > 0 && dead.length > 0) {
+      flag("dlq_extra", m.tenant, `${what}: admitted and dead-lettered (${reasons})`);
+    }
+    if (runs.length === 0 && dead.length === 0) {
+      flag("lost", m.tenant, `${what}: neither admitted nor dead-lettered`);
+    }
+    if (runs.length === 0 && dead.length > 0 && !rightReason) {
+      flag("dlq_missing", m.tenant, `${what}: dead-lettered as ${reasons}, expected ${expected}`);
+    }
+    return;
+  }
+  if (dead.length === 0) flag("dlq_missing", m.tenant, `${what}: no dead letter`);
+  else if (!rightReason) {
+    flag("dlq_missing", m.tenant, `${what}: dead-lettered as ${reasons}, expected ${expected}`);
+  }
+  const runs = byKey.get(`${m.tenant}/${m.dispatchKey}`) ?? [];
+  if (runs.length > 0) flag("dlq_extra", m.tenant, `${what}: admitted as run ${runs[0].runId}`);
+}
+
+function checkEvents(seen: Observed, flag: Flag) {
+  const parked = new Set(
+    seen.unpublished.filter((e) => e.parked).map((e) => `${e.runId}/${e.seq}`),
+  );
+  const byRun = group(seen.events, (e) => e.runId);
+  const runs = new Map(seen.runs.map((r) => [r.runId, r]));
+  for (const r of seen.runs) {
+    const events = byRun.get(r.runId) ?? [];
+    const have = new Map<number, string>();
+    const firsts: number[] = [];
+    for (const e of events) {
+      if (!have.has(e.seq)) firsts.push(e.seq);
+      have.set(e.seq, e.type);
+    }
+    const missing: number[] = [];
+    for (let seq = 1; seq <= r.eventSeq; seq++) {
+      if (!have.has(seq) && !parked.has(`${r.runId}/${seq}`)) missing.push(seq);
+    }
+    const label = `run ${r.runId} (${r.dispatchKey ?? r.marker}, ${r.status})`;
+    const beyond = [...have.keys()].filter((s) => s > r.eventSeq || s < 1);
+    if (missing.length > 0) {
+      flag("gaps", r.tenant, `${label}: seq ${compact(missing)} of 1..${r.eventSeq} not on Kafka`);
+    } else if (beyond.length > 0) {
+      flag("gaps", r.tenant, `${label}: seq ${beyond} on Kafka, beyond its last ${r.eventSeq}`);
+    } else if (!OPEN.has(r.status)) {
+      const last = have.get(r.eventSeq);
+      if (last !== undefined && !TERMINAL_EVENTS.has(last)) {
+        flag("gaps", r.tenant, `${label}: last event ${r.eventSeq} is ${last}, not terminal`);
+      }
+    }
+    if (firsts.some((seq, i) => i > 0 && seq < firsts[i - 1])) {
+      flag("order", r.tenant, `${label}: events arrived as seq ${firsts.slice(0, 12)}`);
+    }
+  }
+  for (const [runId, events] of byRun) {
+    if (!runs.has(runId)) {
+      flag("gaps", events[0].tenant, `events of run ${runId}, which is not in the database`);
+    }
+  }
+}
+
+function group<T>(items: Iterable<T>, key: (item: T) => string): Map<string, T[]> {
+  const out = new Map<string, T[]>();
+  for (const item of items) {
+    const k = key(item);
+    const list = out.get(k);
+    if (list) list.push(item);
+    else out.set(k, [item]);
+  }
+  return out;
+}
+
+/** `1,2,3,7` → `1-3,7`, for readable examples. */
+function compact(seqs: number[]): string {
+  const parts: string[] = [];
+  for (let i = 0; i < seqs.length;) {
+    let j = i;
+    while (j + 1 < seqs.length && seqs[j + 1] === seqs[j] + 1) j++;
+    parts.push(i === j ? `${seqs[i]}` : `${seqs[i]}-${seqs[j]}`);
+    i = j + 1;
+  }
+  return parts.join(",");
+}

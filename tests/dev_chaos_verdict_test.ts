@@ -1,0 +1,214 @@
+/**
+ * dev/chaos/verdict.ts: the chaos invariants on made-up observations: a
+ * perfect outcome passes, and each kind of damage is caught by its counter
+ * (and by tenant_b when it hits the clean tenant). The harness itself runs
+ * as `deno task chaos`, not here.
+ *
+ *   deno test -A tests/dev_chaos_verdict_test.ts
+ */
+import assert from "node:assert/strict";
+import { type Plan, plan } from "../dev/chaos/plan.ts";
+import {
+  type Counter,
+  COUNTERS,
+  EXPECTED_REASONS,
+  type Observed,
+  verdict,
+} from "../dev/chaos/verdict.ts";
+
+const TENANTS = { poisoned: "t-a", clean: "t-b" };
+
+function workload(): Plan {
+  return plan({ messages: 600, tenants: TENANTS, seed: 7, bodyLimit: 1024 });
+}
+
+/** What a flawless run would leave behind for `p`. */
+function perfect(p: Plan): Observed {
+  const seen: Observed = {
+    runs: [],
+    events: [],
+    deadLetters: [],
+    dispatchCopies: new Map(),
+    unpublished: [],
+    http: [],
+    crashes: [],
+  };
+  const addRun = (tenant: string, dispatchKey: string | null, marker: string | null) => {
+    const runId = crypto.randomUUID();
+    seen.runs.push({
+      tenant,
+      runId,
+      dispatchKey,
+      status: "succeeded",
+      eventSeq: 3,
+      marker,
+      attempts: 1,
+      error: null,
+    });
+    for (const [seq, type] of ["run.admitted", "run.started", "run.succeeded"].entries()) {
+      seen.events.push({ tenant, runId, seq: seq + 1, type });
+    }
+  };
+  for (const [tenant, keys] of p.keys) for (const key of keys) addRun(tenant, key, null);
+  for (const m of p.poison) {
+    if (m.kind === "keyless") addRun(m.tenant, null, m.marker!);
+    else if (m.kind !== "oversized-result") {
+      seen.deadLetters.push({ tenant: m.tenant, key: m.key, reason: EXPECTED_REASONS[m.kind][0] });
+    }
+  }
+  for (const m of p.messages) {
+    seen.dispatchCopies.set(m.key, (seen.dispatchCopies.get(m.key) ?? 0) + 1);
+  }
+  return seen;
+}
+
+function nonZero(counts: Record<Counter, number>): Partial<Record<Counter, number>> {
+  return Object.fromEntries(Object.entries(counts).filter(([, n]) => n > 0));
+}
+
+function runOf(seen: Observed, tenant: string) {
+  return seen.runs.find((r) => r.tenant === tenant && r.dispatchKey?.startsWith("chaos-"))!;
+}
+
+Deno.test("chaos verdict: the plan has every poison kind, redeliveries, and races", () => {
+  const p = workload();
+  assert.equal(p.messages.length, 600);
+  const kinds = new Set(p.poison.map((m) => m.kind));
+  assert.equal(kinds.size, 6);
+  assert.ok(p.poison.every((m) => m.tenant === TENANTS.poisoned));
+  const redeliveries = p.messages.filter((m) => m.kind === "redelivery");
+  assert.ok(redeliveries.length >= 100, `${redeliveries.length} redeliveries`);
+  // A redelivery is the same bytes after its original.
+  for (const r of redeliveries) {
+    const first = p.messages.findIndex((m) => m.key === r.key);
+    assert.equal(p.messages[first].kind, "fresh");
+    assert.equal(p.messages[first].value, r.value);
+  }
+  assert.ok(p.messages.some((m) => m.race));
+  assert.deepEqual(plan({ messages: 600, tenants: TENANTS, seed: 7, bodyLimit: 1024 }), p);
+});
+
+Deno.test("chaos verdict: a flawless outcome has every counter at 0", () => {
+  const p = workload();
+  const v = verdict(p, perfect(p), TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), {});
+  assert.deepEqual(Object.keys(v.counts), [...COUNTERS]);
+});
+
+Deno.test("chaos verdict: a missing run is lost, and on the clean tenant also tenant_b", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const victim = runOf(seen, TENANTS.clean);
+  seen.runs = seen.runs.filter((r) => r !== victim);
+  seen.events = seen.events.filter((e) => e.runId !== victim.runId);
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { lost: 1, tenant_b: 1 });
+});
+
+Deno.test("chaos verdict: two runs of one key, or of one keyless message, are dup", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const keyed = runOf(seen, TENANTS.poisoned);
+  const keyless = seen.runs.find((r) => r.marker !== null)!;
+  for (const r of [keyed, keyless]) {
+    const runId = crypto.randomUUID();
+    seen.runs.push({ ...r, runId });
+    for (let seq = 1; seq <= 3; seq++) {
+      seen.events.push({
+        tenant: r.tenant,
+        runId,
+        seq,
+        type: seq === 3 ? "run.succeeded" : "x",
+      });
+    }
+  }
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { dup: 2 });
+});
+
+Deno.test("chaos verdict: an open run is stuck; a failed echo run is failed", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const runs = seen.runs.filter((r) => r.tenant === TENANTS.poisoned && r.dispatchKey);
+  runs[0].status = "running";
+  runs[1].status = "failed";
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { stuck: 1, failed: 1 });
+});
+
+Deno.test("chaos verdict: a seq missing on Kafka is a gap unless parked; unpublished is unparked", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const [a, b] = seen.runs;
+  seen.events = seen.events.filter((e) =>
+    !((e.runId === a.runId || e.runId === b.runId) && e.seq === 2)
+  );
+  seen.unpublished = [
+    { tenant: a.tenant, runId: a.runId, seq: 2, type: "run.started", parked: false },
+    { tenant: b.tenant, runId: b.runId, seq: 2, type: "run.started", parked: true },
+  ];
+  const v = verdict(p, seen, TENANTS.clean);
+  const expected: Partial<Record<Counter, number>> = { gaps: 1, unparked: 1 };
+  if (a.tenant === TENANTS.clean) expected.tenant_b = 2;
+  assert.deepEqual(nonZero(v.counts), expected);
+  assert.equal(v.info.parked, 1);
+});
+
+Deno.test("chaos verdict: events out of seq order, or no terminal event, are caught", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const [a, b] = seen.runs.filter((r) => r.tenant === TENANTS.poisoned);
+  const ofA = seen.events.filter((e) => e.runId === a.runId);
+  [ofA[0].seq, ofA[1].seq] = [2, 1];
+  for (const e of seen.events) if (e.runId === b.runId && e.seq === 3) e.type = "run.started";
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { order: 1, gaps: 1 });
+});
+
+Deno.test("chaos verdict: poison without its dead letter, or with the wrong reason, is dlq_missing", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const [first, second] = seen.deadLetters;
+  seen.deadLetters = seen.deadLetters.filter((d) => d !== first);
+  second.reason = "http_500";
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { dlq_missing: 2 });
+  assert.ok(v.examples.dlq_missing.some((e) => e.includes("http_500")));
+});
+
+Deno.test("chaos verdict: a dead-lettered good message, or admitted poison, is dlq_extra", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const good = runOf(seen, TENANTS.clean);
+  seen.deadLetters.push({
+    tenant: good.tenant,
+    key: `${good.tenant}/${good.dispatchKey}`,
+    reason: "validation",
+  });
+  const poison = p.poison.find((m) => m.kind === "nul-input")!;
+  const runId = crypto.randomUUID();
+  seen.runs.push({
+    tenant: poison.tenant,
+    runId,
+    dispatchKey: poison.dispatchKey!,
+    status: "succeeded",
+    eventSeq: 1,
+    marker: null,
+    attempts: 1,
+    error: null,
+  });
+  seen.events.push({ tenant: poison.tenant, runId, seq: 1, type: "run.succeeded" });
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), {
+    dlq_extra: 2,
+    tenant_b: 1,
+  });
+});
+
+Deno.test("chaos verdict: a caller told another run, or none, is http; a crash is crashes", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const r = runOf(seen, TENANTS.poisoned);
+  seen.http = [
+    { tenant: r.tenant, dispatchKey: r.dispatchKey!, runId: r.runId, status: 200 },
+    { tenant: r.tenant, dispatchKey: r.dispatchKey!, runId: crypto.randomUUID(), status: 201 },
+    { tenant: r.tenant, dispatchKey: r.dispatchKey!, error: "no answer" },
+  ];
+  seen.crashes = ["api#1 exited with code 1: error: Uncaught"];
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { http: 2, crashes: 1 });
+});
