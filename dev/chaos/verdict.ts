@@ -105,7 +105,9 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
   >;
   const flag = (counter: Counter, tenant: string, text: string) => {
     counts[counter]++;
-    if (examples[counter].length < MAX_EXAMPLES) examples[counter].push(`${tenant}: ${text}`);
+    if (examples[counter].length < MAX_EXAMPLES) {
+      examples[counter].push(tenant === "" ? text : `${tenant}: ${text}`);
+    }
     if (tenant === clean && counter !== "tenant_b") flag("tenant_b", tenant, `${counter}: ${text}`);
   };
 
@@ -184,7 +186,7 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
     }
   }
 
-  for (const c of seen.crashes) flag("crashes", "-", c);
+  for (const c of seen.crashes) flag("crashes", "", c);
 
   const unparked = seen.unpublished.filter((e) => !e.parked);
   for (const e of unparked) {
