@@ -17,92 +17,84 @@
  *   chaos: N msgs, K keys, F faults | lost=0 dup=0 stuck=0 unparked=0 …
  *
  * as its last line; exits 1 on any violation, 2 when the harness itself failed.
- *
- * Flags: --quick (500 messages, 7 faults, ~1 minute), --messages N,
- * --faults F, --seconds S (how long publishing and faults last), --seed N,
- * --pg-restart, --keep (keep the run's directory and database).
  */
 import { z } from "zod";
 import { databaseEnv, processEnv, readEnv } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 import { runChaos } from "./chaos/run.ts";
 
-const USAGE =
-  "usage: deno task chaos [--quick] [--messages N] [--faults N] [--seconds N] [--seed N] [--pg-restart] [--keep]";
+const ChaosEnv = z.object({
+  // Only to find the Postgres server: the chaos database is created next to it.
+  DATABASE_URL: databaseEnv.DATABASE_URL,
+});
 
-interface Flags {
-  quick: boolean;
-  messages?: number;
-  faults?: number;
-  seconds?: number;
-  seed?: number;
-  pgRestart: boolean;
-  keep: boolean;
-}
+const COMMAND = {
+  name: "chaos",
+  synopsis:
+    "[--quick] [--messages N] [--faults N] [--seconds N] [--seed N] [--pg-restart] [--keep]",
+  description: `
+Publishes dispatch messages (about 20 % redeliveries, about 1 % poison) to a
+cluster of its own (own broker, own database, real processes) while HTTP
+callers race the same keys and faults fly, drains, and checks that nothing was
+lost, duplicated, stuck or unpublished. Last line: the summary; exit 1 on any
+violation.`,
+  flags: {
+    quick: { type: "boolean", description: "500 messages, 7 faults, about a minute (CI)" },
+    messages: { type: "string", valueName: "N", description: "dispatch messages (default 5000)" },
+    faults: { type: "string", valueName: "N", description: "faults injected (default 120)" },
+    seconds: {
+      type: "string",
+      valueName: "N",
+      description: "how long publishing and faults last (default 300)",
+    },
+    seed: { type: "string", valueName: "N", description: "the workload's seed (default random)" },
+    "pg-restart": {
+      type: "boolean",
+      description: "restart the whole Postgres cluster instead of killing connections",
+    },
+    keep: { type: "boolean", description: "keep the run's directory, broker and database" },
+  },
+  env: ChaosEnv,
+} satisfies CommandSpec;
 
-function parseFlags(args: string[]): Flags | string {
-  const flags: Flags = { quick: false, pgRestart: false, keep: false };
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i];
-    const number = (): number | string => {
-      const v = Number(args[++i]);
-      return Number.isInteger(v) && v >= 0 ? v : `${arg} needs a whole number`;
-    };
-    let n: number | string;
-    switch (arg) {
-      case "--quick":
-        flags.quick = true;
-        continue;
-      case "--pg-restart":
-        flags.pgRestart = true;
-        continue;
-      case "--keep":
-        flags.keep = true;
-        continue;
-      case "--messages":
-      case "--faults":
-      case "--seconds":
-      case "--seed":
-        n = number();
-        if (typeof n === "string") return n;
-        flags[arg.slice(2) as "messages" | "faults" | "seconds" | "seed"] = n;
-        continue;
-      default:
-        return `unknown argument ${arg}`;
+async function main(argv: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, argv);
+  if (typeof line === "number") return line;
+  const { flags } = line;
+  const numbers: Record<string, number | undefined> = {};
+  for (
+    const [name, min] of [["messages", 100], ["faults", 0], ["seconds", 5], ["seed", 0]] as const
+  ) {
+    const text = flags[name];
+    if (text === undefined) continue;
+    const n = Number(text);
+    if (!Number.isInteger(n) || n < min) {
+      return usageError(COMMAND, `--${name} must be a whole number ≥ ${min}`);
     }
+    numbers[name] = n;
   }
-  if (flags.messages !== undefined && flags.messages < 100) return "--messages must be ≥ 100";
-  if (flags.seconds !== undefined && flags.seconds < 5) return "--seconds must be ≥ 5";
-  return flags;
+  const { DATABASE_URL } = readEnv(ChaosEnv, processEnv());
+  const quick = flags.quick ?? false;
+  return await runChaos({
+    messages: numbers.messages ?? (quick ? 500 : 5000),
+    faults: numbers.faults ?? (quick ? 7 : 120),
+    seconds: numbers.seconds ?? (quick ? 30 : 300),
+    seed: numbers.seed ?? Math.floor(Math.random() * 2 ** 31),
+    pgRestart: flags["pg-restart"] ?? false,
+    keep: flags.keep ?? false,
+    drainSeconds: quick ? 90 : 240,
+    stallSeconds: quick ? 25 : 60,
+    databaseUrl: DATABASE_URL,
+  });
 }
 
 if (import.meta.main) {
-  const flags = parseFlags(Deno.args);
-  if (typeof flags === "string") {
-    console.error(`chaos: ${flags}\n${USAGE}`);
-    Deno.exit(2);
-  }
-  let databaseUrl: string;
   try {
-    // Only to find the Postgres server: the chaos database is created next to it.
-    databaseUrl = readEnv(z.object({ DATABASE_URL: databaseEnv.DATABASE_URL }), processEnv())
-      .DATABASE_URL;
+    Deno.exit(await main(Deno.args));
   } catch (error) {
     if (!(error instanceof ConfigError)) throw error;
     console.error(error.message);
     Deno.exit(2);
   }
-  const quick = flags.quick;
-  const code = await runChaos({
-    messages: flags.messages ?? (quick ? 500 : 5000),
-    faults: flags.faults ?? (quick ? 7 : 120),
-    seconds: flags.seconds ?? (quick ? 30 : 300),
-    seed: flags.seed ?? Math.floor(Math.random() * 2 ** 31),
-    pgRestart: flags.pgRestart,
-    keep: flags.keep,
-    drainSeconds: quick ? 90 : 240,
-    stallSeconds: quick ? 25 : 60,
-    databaseUrl,
-  });
-  Deno.exit(code);
 }

@@ -229,7 +229,6 @@ export class Cluster {
           API_URL: this.apiUrl,
           RELAY_TOKEN: this.#serviceToken,
           RELAY_GROUP_ID: RELAY_GROUP,
-          RELAY_METRICS_PORT: String(freePort()),
           RELAY_TOPIC_REFRESH_MS: "1000",
           RELAY_LAG_INTERVAL_MS: "1000",
           RELAY_BACKOFF_BASE_MS: "100",
@@ -241,7 +240,6 @@ export class Cluster {
       ),
       ...[1, 2].map((n) =>
         slot(`worker-${n}`, "worker", () => ({
-          WORKER_METRICS_PORT: String(freePort()),
           WORKER_CONCURRENCY: "8",
           // A killed worker's runs are reclaimed within seconds.
           WORKER_LEASE_MS: "3000",
@@ -250,7 +248,6 @@ export class Cluster {
         }))
       ),
       slot("outbox", "outbox", () => ({
-        OUTBOX_METRICS_PORT: String(freePort()),
         OUTBOX_POLL_MS: "100",
         OUTBOX_SEND_TIMEOUT_MS: "10000",
         OUTBOX_RETRY_MAX_MS: "2000",

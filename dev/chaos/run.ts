@@ -23,6 +23,7 @@ import {
 import { createProducer, type KafkaProducer } from "../../kafka/producer.ts";
 import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../../contracts/topics.ts";
 import { DLQ_HEADERS } from "../../relay/dead_letter.ts";
+import { EVENT_HEADERS, parseEventMessage } from "../../contracts/events.ts";
 import { backoffWithJitter, delay, SECOND } from "../../core/time.ts";
 
 export interface ChaosOptions {
@@ -339,8 +340,6 @@ async function drain(
   }
 }
 
-const utf8 = new TextDecoder();
-
 /** Reads back the topics and the database. */
 async function observe(cluster: Cluster, workload: Plan) {
   const tenants = Object.values(TENANTS);
@@ -361,16 +360,19 @@ async function observe(cluster: Cluster, workload: Plan) {
 
   const events: EventSeen[] = (await readTopics(cluster.brokers, tenants.map(eventsTopic))).map(
     (m) => {
-      let v: { run_id?: string; seq?: number; type?: string } = {};
+      const tenant = tenantOfTopic(m.topic)!;
       try {
-        v = JSON.parse(utf8.decode(m.value));
-      } catch { /* the headers say the same */ }
-      return {
-        tenant: tenantOfTopic(m.topic)!,
-        runId: v.run_id ?? m.headers["poimen-run-id"],
-        seq: Number(v.seq ?? m.headers["poimen-seq"]),
-        type: v.type ?? m.headers["poimen-type"],
-      };
+        const e = parseEventMessage(m.value);
+        return { tenant, runId: e.run_id, seq: e.seq, type: e.type };
+      } catch {
+        // Not the contract: the headers still say which run and seq (a gap otherwise).
+        return {
+          tenant,
+          runId: m.headers[EVENT_HEADERS.runId] ?? "(no run id)",
+          seq: Number(m.headers[EVENT_HEADERS.seq]),
+          type: `(malformed) ${m.headers[EVENT_HEADERS.type]}`,
+        };
+      }
     },
   );
   const runs = await retrying(() => selectRuns(cluster.sql));
