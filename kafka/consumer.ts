@@ -51,6 +51,8 @@ export interface ConsumerOptions extends KafkaClientOptions {
   startFrom?: "earliest" | "latest";
   /** Consumed but not yet iterated messages held before fetching pauses (default 1000). */
   maxBuffered?: number;
+  /** Bytes of values held the same way before fetching pauses (default 16 MiB). */
+  maxBufferedBytes?: number;
   /** Group session timeout in ms (default 30 s). */
   sessionTimeoutMs?: number;
   /** Heartbeat interval in ms (default 3 s). */
@@ -69,6 +71,16 @@ export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
    * processed message's offset + 1). Retries until committed or closed.
    */
   commit(offsets: TopicPartitionOffset[]): Promise<void>;
+  /**
+   * Hands out `partition` of `topic` again from `offset` on, whatever was
+   * handed out or buffered after it: the next message of that partition the
+   * iteration yields is the first at or after `offset`. The caller dropped
+   * those messages (e.g. to pause one partition without stopping the others)
+   * and must not have committed past `offset`. Fetching restarts from the
+   * committed offsets (the group rejoins); other partitions never see a
+   * message twice.
+   */
+  redeliverFrom(topic: string, partition: number, offset: bigint): void;
   /** Replaces a list selection (a no-op change is free); the group rebalances. */
   subscribe(topics: string[]): void;
   /** The topics currently subscribed. */
@@ -102,6 +114,12 @@ class GroupConsumer implements KafkaConsumer {
   #stream: MessagesStream<string, Buffer, string, string> | undefined;
   #lister: KafkaAdmin | undefined;
   #buffer: ConsumedMessage[] = [];
+  #bufferedBytes = 0;
+  readonly #maxBufferedBytes: number;
+  // Streams being closed: a late batch of theirs must not be handed out (after
+  // a redelivery it would move past the offset asked for); the next stream
+  // fetches it again.
+  readonly #retired = new WeakSet<object>();
   #wake: (() => void) | undefined;
   // The offset after the last message handed out per partition: after a
   // re-subscription or a rebuilt client the group restarts from the committed
@@ -117,6 +135,7 @@ class GroupConsumer implements KafkaConsumer {
     this.#selection = opts.topics;
     this.#log = (opts.logger ?? silentLogger).with({ group: opts.groupId });
     this.#maxBuffered = opts.maxBuffered ?? 1000;
+    this.#maxBufferedBytes = opts.maxBufferedBytes ?? 16 * 1024 * 1024;
     this.#running = this.#run();
   }
 
@@ -127,6 +146,25 @@ class GroupConsumer implements KafkaConsumer {
   subscribe(topics: string[]): void {
     this.#selection = [...topics];
     void this.#checkTopics();
+  }
+
+  redeliverFrom(topic: string, partition: number, offset: bigint): void {
+    if (this.#stop.signal.aborted) return;
+    const key = partitionKey(topic, partition);
+    const next = this.#delivered.get(key);
+    if (next !== undefined && next <= offset) return;
+    this.#delivered.set(key, offset);
+    const kept = this.#buffer.filter((m) =>
+      m.topic !== topic || m.partition !== partition || m.offset < offset
+    );
+    this.#buffer = kept;
+    this.#bufferedBytes = kept.reduce((n, m) => n + m.value.byteLength, 0);
+    // The library cannot seek one partition; a new stream starts from the
+    // committed offsets, and #delivered drops what was handed out already.
+    if (this.#stream) {
+      this.#restartRequested = true;
+      void this.#closeStream();
+    }
   }
 
   async commit(offsets: TopicPartitionOffset[]): Promise<void> {
@@ -161,7 +199,11 @@ class GroupConsumer implements KafkaConsumer {
         while (true) {
           const message = this.#buffer.shift();
           if (message) {
-            if (this.#buffer.length < this.#maxBuffered / 2 && this.#stream?.isPaused()) {
+            this.#bufferedBytes -= message.value.byteLength;
+            if (
+              this.#buffer.length < this.#maxBuffered / 2 &&
+              this.#bufferedBytes < this.#maxBufferedBytes / 2 && this.#stream?.isPaused()
+            ) {
               this.#stream.resume();
             }
             return { value: message, done: false };
@@ -296,6 +338,7 @@ class GroupConsumer implements KafkaConsumer {
   async #closeStream(): Promise<void> {
     const stream = this.#stream;
     this.#stream = undefined;
+    if (stream) this.#retired.add(stream);
     if (stream && !stream.destroyed) await stream.close().catch(() => {});
   }
 
@@ -304,22 +347,27 @@ class GroupConsumer implements KafkaConsumer {
   #pump(stream: MessagesStream<string, Buffer, string, string>): Promise<void> {
     return new Promise<void>((resolve, reject) => {
       stream.on("data", (m: RawMessage) => {
+        if (this.#retired.has(stream)) return;
         const key = partitionKey(m.topic, m.partition);
         const next = this.#delivered.get(key);
         if (next !== undefined && m.offset < next) return;
         this.#delivered.set(key, m.offset + 1n);
         const headers: Record<string, string> = {};
         for (const [k, v] of m.headerEntries) headers[k] = v ?? "";
+        const value = m.value ?? new Uint8Array(0);
         this.#buffer.push({
           topic: m.topic,
           partition: m.partition,
           offset: m.offset,
           key: m.key ?? "",
-          value: m.value ?? new Uint8Array(0),
+          value,
           headers,
           timestamp: Number(m.timestamp),
         });
-        if (this.#buffer.length >= this.#maxBuffered) stream.pause();
+        this.#bufferedBytes += value.byteLength;
+        if (
+          this.#buffer.length >= this.#maxBuffered || this.#bufferedBytes >= this.#maxBufferedBytes
+        ) stream.pause();
         this.#wakeReader();
       });
       stream.once("error", (error: Error) => reject(error));

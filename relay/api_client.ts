@@ -5,7 +5,7 @@
  */
 import { HEADERS } from "../contracts/runs.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
-import { MINUTE } from "../core/time.ts";
+import { backoffWithJitter, MINUTE } from "../core/time.ts";
 
 /** Longest Retry-After honoured: a bogus huge value must not park a partition for days. */
 export const MAX_RETRY_AFTER_MS = 10 * MINUTE;
@@ -27,29 +27,123 @@ export type Outcome =
   | {
     /** May succeed later: retry, never skip. */
     kind: "transient";
-    /** A metric label: network, timeout, auth, rate_limited, request_timeout, unavailable, server_error, unexpected_status. */
-    reason: string;
+    /** A metric label: one of `TransientReason`. */
+    reason: TransientReason;
     status?: number;
+    /** The poimen problem code, when the answer was a poimen problem. */
+    problem?: string;
     /** From Retry-After, when the API sent one. */
     retryAfterMs?: number;
     detail: string;
   };
 
-/** How a status is handled, before looking at anything else (DESIGN.md, Inbox relay). */
-export function classifyStatus(status: number): { kind: Outcome["kind"]; reason: string } {
+/** Why an attempt is retried; a bounded set, used as a metric label. */
+export type TransientReason =
+  | "network"
+  | "timeout"
+  | "auth"
+  | "request_timeout"
+  | "rate_limited"
+  | "unavailable"
+  | "server_error"
+  | "unknown_workflow"
+  | "not_poimen"
+  | "unexpected_problem"
+  | "unexpected_status";
+
+/**
+ * The poimen problem codes that make a dispatch message permanently
+ * unadmittable as it is: the value itself is wrong (not JSON, not the schema,
+ * too large, or sent with a type the API refuses), so retrying cannot help
+ * and the message is dead-lettered. A code is permanent only when it is on
+ * this list AND the problem body says `retryable: false`; anything else is
+ * retried. Deliberately NOT here:
+ * - `unknown-workflow`: during a rolling deploy one API instance may not know
+ *   a new workflow yet; retried for a grace period, then dead-lettered (see
+ *   `InboxRelayOptions.unknownWorkflowGraceMs`).
+ * - `unauthorized` / `forbidden`: the relay's token or the tenant row is
+ *   wrong, an operator's fix; retried loudly, never shredding the queue.
+ * - `not-found`, `database-unavailable`, `internal` and codes added later:
+ *   not a verdict on the message.
+ */
+export const PERMANENT_PROBLEMS: ReadonlySet<string> = new Set([
+  "bad-json",
+  "validation",
+  "body-too-large",
+  "unsupported-media-type",
+]);
+
+/** A problem+json body of poimen's, as far as the relay needs it. */
+export interface PoimenProblem {
+  /** The code: the `type` URI after `PROBLEM_BASE`. */
+  code: string;
+  retryable: boolean | undefined;
+}
+
+/** The poimen problem in `body`, or undefined when it is not one (a proxy, another server). */
+export function poimenProblem(body: string): PoimenProblem | undefined {
+  let p: unknown;
+  try {
+    p = JSON.parse(body);
+  } catch {
+    return undefined;
+  }
+  if (typeof p !== "object" || p === null) return undefined;
+  const { type, retryable } = p as { type?: unknown; retryable?: unknown };
+  if (typeof type !== "string" || !type.startsWith(PROBLEM_BASE)) return undefined;
+  const code = type.slice(PROBLEM_BASE.length);
+  if (!/^[a-z][a-z0-9-]{0,63}$/.test(code)) return undefined;
+  return { code, retryable: typeof retryable === "boolean" ? retryable : undefined };
+}
+
+/**
+ * How an answer is handled (DESIGN.md, Inbox relay): by what the API says,
+ * not by the bare status. Permanent only for a poimen problem on
+ * `PERMANENT_PROBLEMS` that is not retryable; a 4xx that is not a poimen
+ * problem (a wrong `API_URL`, a proxy) is retried, never dead-lettered.
+ */
+export function classify(
+  status: number,
+  problem: PoimenProblem | undefined,
+): { kind: Outcome["kind"]; reason: string } {
   // The API answers a replayed dispatch_key with 200 and a new run with 201;
   // any other 2xx still admitted the message.
   if (status === 200) return { kind: "replayed", reason: "replayed" };
   if (status >= 200 && status < 300) return { kind: "created", reason: "created" };
-  // A misconfigured token must not shred the queue: retried, loudly, until fixed.
-  if (status === 401 || status === 403) return { kind: "transient", reason: "auth" };
-  if (status === 408) return { kind: "transient", reason: "request_timeout" };
-  if (status === 429) return { kind: "transient", reason: "rate_limited" };
-  if (status === 503) return { kind: "transient", reason: "unavailable" };
-  if (status >= 500) return { kind: "transient", reason: "server_error" };
-  if (status >= 400) return { kind: "permanent", reason: `http_${status}` };
+  if (
+    problem && status >= 400 && status < 500 && PERMANENT_PROBLEMS.has(problem.code) &&
+    problem.retryable === false
+  ) {
+    return { kind: "permanent", reason: problem.code };
+  }
+  const transient = (reason: TransientReason) => ({ kind: "transient" as const, reason });
+  // A misconfigured token or a missing tenant row must not shred the queue:
+  // retried, loudly, until fixed.
+  if (status === 401 || status === 403) return transient("auth");
+  if (status === 408) return transient("request_timeout");
+  if (status === 429) return transient("rate_limited");
+  if (status === 503) return transient("unavailable");
+  if (status >= 500) return transient("server_error");
+  if (problem?.code === "unknown-workflow") return transient("unknown_workflow");
+  if (status >= 400) return transient(problem ? "unexpected_problem" : "not_poimen");
   // 1xx/3xx from the admission endpoint means API_URL points at something else.
-  return { kind: "transient", reason: "unexpected_status" };
+  return transient("unexpected_status");
+}
+
+/**
+ * How long to wait before retry `attempt` (1 = the first retry): exponential
+ * backoff with full jitter, never shorter than the server's Retry-After. A
+ * Retry-After alone would have every in-flight message hammer a struggling
+ * API at its fixed pace (the API says `Retry-After: 1` on every 503).
+ */
+export function retryDelay(
+  attempt: number,
+  retryAfterMs: number | undefined,
+  baseMs: number,
+  capMs: number,
+  random: () => number = Math.random,
+): number {
+  return Math.max(retryAfterMs ?? 0, backoffWithJitter(attempt - 1, baseMs, capMs, random));
 }
 
 /** Retry-After (delta-seconds or an HTTP date) in ms from `now`; undefined when absent or bad. */
@@ -85,6 +179,51 @@ export function notJson(value: Uint8Array): string | undefined {
   } catch (err) {
     return `the value is not JSON: ${(err as Error).message}`;
   }
+}
+
+/** A message value made ready to post, or why it can never be. */
+export type PreparedBody =
+  | { body: Uint8Array; derivedKey?: string }
+  | { error: string };
+
+/** The dispatch key of a keyless message: where it sits in Kafka, which redelivery never changes. */
+export function derivedDispatchKey(topic: string, partition: number, offset: bigint): string {
+  return `kafka:${topic}/${partition}/${offset}`;
+}
+
+/**
+ * The body to post for a message value. Not JSON: an error (dead-lettered
+ * locally). A JSON object without `dispatch_key` (or with null) gets the key
+ * `derivedKey`, so a redelivered keyless message replays its run instead of
+ * making another one: exactly one run per dispatch message, keyed or not.
+ * The key is appended to the text (not re-serialised), so everything else in
+ * the value reaches the API byte for byte; an explicit `"dispatch_key":null`
+ * is overridden by the appended member (JSON.parse keeps the last one).
+ * Anything else (an array, a string) is posted verbatim for the API to judge.
+ */
+export function prepareBody(value: Uint8Array, derivedKey: string): PreparedBody {
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(value);
+  } catch {
+    return { error: "the value is not UTF-8" };
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch (err) {
+    return { error: `the value is not JSON: ${(err as Error).message}` };
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    return { body: value };
+  }
+  const obj = parsed as Record<string, unknown>;
+  if (Object.hasOwn(obj, "dispatch_key") && obj.dispatch_key !== null) return { body: value };
+  const member = `"dispatch_key":${JSON.stringify(derivedKey)}`;
+  const end = text.lastIndexOf("}");
+  const rest = text.slice(0, end);
+  const body = Object.keys(obj).length === 0 ? `{${member}}` : `${rest},${member}}`;
+  return { body: new TextEncoder().encode(body), derivedKey };
 }
 
 /** The `reason` and `detail` of a problem+json body (or of whatever else came back). */
@@ -185,24 +324,27 @@ export class ApiClient {
           : (err instanceof Error ? err.message : String(err)),
       };
     }
-    const { kind, reason } = classifyStatus(res.status);
-    if (kind === "created") return { kind, status: res.status };
-    if (kind === "replayed") return { kind, status: res.status };
-    const problem = problemSummary(text, `HTTP ${res.status}`);
-    if (kind === "permanent") {
+    if (res.status >= 200 && res.status < 300) {
+      return { kind: res.status === 200 ? "replayed" : "created", status: res.status };
+    }
+    const problem = poimenProblem(text);
+    const verdict = classify(res.status, problem);
+    const summary = problemSummary(text, `HTTP ${res.status}`);
+    if (verdict.kind === "permanent") {
       return {
-        kind,
-        reason: problem.reason ?? reason,
+        kind: "permanent",
+        reason: verdict.reason,
         status: res.status,
-        detail: problem.detail,
+        detail: summary.detail,
       };
     }
     return {
       kind: "transient",
-      reason,
+      reason: verdict.reason as TransientReason,
       status: res.status,
+      problem: problem?.code,
       retryAfterMs: parseRetryAfter(res.headers.get("retry-after")),
-      detail: problem.detail,
+      detail: summary.detail,
     };
   }
 }

@@ -9,7 +9,9 @@ import {
   positiveInt,
   readEnv,
 } from "../core/config.ts";
-import { SECOND } from "../core/time.ts";
+import { MINUTE, SECOND } from "../core/time.ts";
+
+const MIB = 1024 * 1024;
 
 /** The inbox relay's environment variables. */
 export const relayEnvSchema = z.object({
@@ -39,6 +41,13 @@ export const relayEnvSchema = z.object({
   RELAY_MAX_IN_FLIGHT: positiveInt(64),
   /** Messages fetched but not yet done, over all partitions, before fetching waits. */
   RELAY_MAX_PENDING: positiveInt(10_000),
+  /** Bytes of those messages' values, likewise (a paused partition holds one message). */
+  RELAY_MAX_PENDING_BYTES: positiveInt(64 * MIB),
+  /**
+   * How long a message the API answers `unknown-workflow` is retried before
+   * it is dead-lettered: long enough for a rolling deploy to reach every API.
+   */
+  RELAY_UNKNOWN_WORKFLOW_GRACE_MS: millis(5 * MINUTE),
   /** Commits are batched: at most this long after a message is done… */
   RELAY_COMMIT_INTERVAL_MS: z.coerce.number().int().min(10).default(200),
   /** …or as soon as this many messages are done and not yet committed. */

@@ -7,8 +7,20 @@
  *   commits in offset order whatever order the calls finish in.
  * - A message is done once admitted (any 2xx) or once its dead letter was
  *   acknowledged; only done offsets are committed, in batches.
- * - Transient failures are retried without limit and never skipped; no
- *   dedup here: redelivery is the admission index's job.
+ * - Transient failures are retried without limit and never skipped, with
+ *   `max(Retry-After, exponential backoff with full jitter)` between tries.
+ * - Failures stay inside their partition: the first transient failure of a
+ *   message pauses its partition. Every message after it is let go (queued
+ *   ones dropped, calls in flight abandoned, the tracker forgets them) and
+ *   whatever the consumer hands out for that partition meanwhile is dropped,
+ *   so a paused partition holds one message (the probe) of the shared
+ *   `maxPending`/`maxPendingBytes` budget, whoever its tenant. Once the probe
+ *   is done the consumer hands the partition out again from just after it.
+ *   Nothing is skipped: the tracker never commits past the probe, and what was
+ *   let go is fetched again.
+ * - A keyless message is posted with a dispatch key derived from its topic,
+ *   partition and offset (see `prepareBody`), so redelivery, a rebalance or a
+ *   second relay never make a second run of it.
  * - Lag is measured from the broker's end offsets against the group's
  *   committed offsets, so messages fetched but stuck behind a dead API count.
  */
@@ -17,7 +29,7 @@ import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
 import type { ApiClient, Outcome } from "./api_client.ts";
-import { notJson } from "./api_client.ts";
+import { derivedDispatchKey, prepareBody, retryDelay } from "./api_client.ts";
 import { deadLetter, type Failure } from "./dead_letter.ts";
 import type { ConsumedMessage, KafkaConsumer } from "../kafka/consumer.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
@@ -32,13 +44,24 @@ export interface InboxRelayOptions {
   /** The dispatch topics this relay drains (the consumer's selection must agree). */
   isDispatchTopic: (topic: string) => boolean;
   maxInFlight: number;
+  /** Messages fetched and not done, over all partitions, before fetching waits. */
   maxPending: number;
+  /** Bytes of those messages' values, likewise. */
+  maxPendingBytes: number;
   commitIntervalMs: number;
   commitBatch: number;
   backoffBaseMs: number;
   backoffCapMs: number;
+  /**
+   * How long a message the API answers `unknown-workflow` is retried (a
+   * rolling deploy: another API instance may know it already) before it is
+   * dead-lettered; counted from its first such answer.
+   */
+  unknownWorkflowGraceMs: number;
   lagIntervalMs: number;
   shutdownMs: number;
+  /** The jitter's source; a test seam (default Math.random). */
+  random?: () => number;
 }
 
 /** What the relay talks to; built by relay/process.ts (and by tests). */
@@ -51,15 +74,37 @@ export interface InboxRelayDeps {
   log: Logger;
 }
 
+/** One fetched message on its way through the relay. */
+interface Job {
+  m: ConsumedMessage;
+  bytes: number;
+  tracker: OffsetTracker;
+  /** Counted in the pending budget until released (once). */
+  released: boolean;
+  /** Let go by a pause of its partition: fetched again later, never completed from here. */
+  evicted: boolean;
+  /** Has failed transiently and is being retried (it holds its partition paused). */
+  failing: boolean;
+  /** Aborts its call and its backoff when it is let go. */
+  cancel: AbortController;
+}
+
 interface Partition {
   topic: string;
   partition: number;
   tenant: string;
   tracker: OffsetTracker;
   // A queue with a moving head: shift() on a long array is O(n).
-  queue: ConsumedMessage[];
+  queue: Job[];
   head: number;
-  inFlight: number;
+  /** Calls running (including let-go ones whose call has not returned yet). */
+  running: Set<Job>;
+  /** Jobs failing and retried, not let go: while > 0 the partition stays paused. */
+  failing: number;
+  /** Set while paused: where the consumer must hand the partition out again from. */
+  resumeFrom: bigint | undefined;
+  /** Messages dropped while paused (for the log line at resume). */
+  dropped: number;
 }
 
 type Result = "done" | "abandoned";
@@ -83,7 +128,9 @@ export class InboxRelay implements Service {
   readonly #hardStop = new AbortController();
   readonly #stopped = Promise.withResolvers<typeof STOP>();
   #pending = 0;
+  #pendingBytes = 0;
   #inFlight = 0;
+  #paused = 0;
   #doneSinceCommit = 0;
   #space: PromiseWithResolvers<void> | undefined;
   #idle: PromiseWithResolvers<void> | undefined;
@@ -126,8 +173,8 @@ export class InboxRelay implements Service {
     // Not started yet: left for the next owner of the partition.
     let dropped = 0;
     for (const p of this.#partitions.values()) {
+      for (let i = p.head; i < p.queue.length; i++) this.#release(p.queue[i]);
       dropped += p.queue.length - p.head;
-      this.#pending -= p.queue.length - p.head;
       p.queue = [];
       p.head = 0;
     }
@@ -162,11 +209,19 @@ export class InboxRelay implements Service {
     await admin.close().catch(() => {});
   });
 
+  #full(): boolean {
+    // One message always fits, however large: a big value must not deadlock.
+    return this.#pending >= this.#opts.maxPending ||
+      (this.#pending > 0 && this.#pendingBytes >= this.#opts.maxPendingBytes);
+  }
+
   async #read(): Promise<void> {
     const messages = this.#deps.consumer[Symbol.asyncIterator]();
     while (!this.#stopping.signal.aborted) {
-      if (this.#pending >= this.#opts.maxPending) {
-        // Back-pressure: the consumer's own buffer then fills and it pauses fetching.
+      if (this.#full()) {
+        // Back-pressure: the consumer's own buffer then fills and it pauses
+        // fetching. Paused partitions hold one message each, so the budget is
+        // spent by partitions that are moving and frees up as they move.
         this.#space ??= Promise.withResolvers<void>();
         await Promise.race([this.#space.promise, this.#stopped.promise]);
         continue;
@@ -180,6 +235,11 @@ export class InboxRelay implements Service {
   #accept(m: ConsumedMessage): void {
     const key = partitionKey(m.topic, m.partition);
     let p = this.#partitions.get(key);
+    if (p?.resumeFrom !== undefined) {
+      // Paused: fetched again from resumeFrom once it resumes.
+      p.dropped++;
+      return;
+    }
     if (p && p.tracker.last !== undefined && m.offset <= p.tracker.last) {
       // The topic was deleted and created anew (offsets from 0 again): start a
       // new tracker; calls in flight finish against the old one they hold.
@@ -205,23 +265,55 @@ export class InboxRelay implements Service {
         tracker: new OffsetTracker(),
         queue: [],
         head: 0,
-        inFlight: 0,
+        running: new Set(),
+        failing: 0,
+        resumeFrom: undefined,
+        dropped: 0,
       };
       this.#partitions.set(key, p);
     }
     p.tracker.add(m.offset, m.timestamp);
-    p.queue.push(m);
+    const job: Job = {
+      m,
+      bytes: m.value.byteLength,
+      tracker: p.tracker,
+      released: false,
+      evicted: false,
+      failing: false,
+      cancel: new AbortController(),
+    };
+    p.queue.push(job);
     this.#pending++;
-    this.#deps.metrics.inFlight.set(this.#pending);
+    this.#pendingBytes += job.bytes;
+    this.#gauges();
     this.#pump(p);
+  }
+
+  #gauges(): void {
+    const { metrics } = this.#deps;
+    metrics.inFlight.set(this.#pending);
+    metrics.pendingBytes.set(this.#pendingBytes);
+    metrics.pausedPartitions.set(this.#paused);
+  }
+
+  /** Gives a job's share of the pending budget back (once). */
+  #release(job: Job): void {
+    if (job.released) return;
+    job.released = true;
+    this.#pending--;
+    this.#pendingBytes -= job.bytes;
+    if (this.#space && !this.#full()) {
+      this.#space.resolve();
+      this.#space = undefined;
+    }
   }
 
   #pump(p: Partition): void {
     while (
-      p.inFlight < this.#opts.maxInFlight && p.head < p.queue.length &&
-      !this.#stopping.signal.aborted
+      p.resumeFrom === undefined && p.running.size < this.#opts.maxInFlight &&
+      p.head < p.queue.length && !this.#stopping.signal.aborted
     ) {
-      const m = p.queue[p.head++];
+      const job = p.queue[p.head++];
       if (p.head === p.queue.length) {
         p.queue = [];
         p.head = 0;
@@ -229,10 +321,10 @@ export class InboxRelay implements Service {
         p.queue = p.queue.slice(p.head);
         p.head = 0;
       }
-      p.inFlight++;
+      p.running.add(job);
       this.#inFlight++;
-      const tracker = p.tracker;
-      void this.#process(p.tenant, m).catch((error): Result => {
+      const m = job.m;
+      void this.#process(p, job).catch((error): Result => {
         this.#log.error("unexpected failure handling a message; it stays uncommitted", {
           error,
           topic: m.topic,
@@ -240,41 +332,110 @@ export class InboxRelay implements Service {
           offset: String(m.offset),
         });
         return "abandoned";
-      }).then((result) => this.#finished(p, tracker, m, result));
+      }).then((result) => this.#finished(p, job, result));
     }
   }
 
-  #finished(p: Partition, tracker: OffsetTracker, m: ConsumedMessage, result: Result): void {
-    p.inFlight--;
+  /**
+   * Pauses `p` behind `offset`, which just failed: every message after it is
+   * let go and will be handed out again once `p` resumes.
+   */
+  #pause(p: Partition, failed: Job): void {
+    const offset = failed.m.offset;
+    const wasPaused = p.resumeFrom !== undefined;
+    if (wasPaused && p.resumeFrom! <= offset + 1n) return;
+    let letGo = 0;
+    for (let i = p.head; i < p.queue.length; i++) {
+      const job = p.queue[i];
+      job.evicted = true;
+      this.#release(job);
+      letGo++;
+    }
+    p.queue = [];
+    p.head = 0;
+    for (const job of p.running) {
+      if (job.m.offset <= offset || job.evicted) continue;
+      job.evicted = true;
+      if (job.failing) {
+        job.failing = false;
+        p.failing--;
+      }
+      job.cancel.abort();
+      this.#release(job);
+      letGo++;
+    }
+    // A job of a tracker replaced since (the topic was recreated) has nothing to forget there.
+    if (failed.tracker === p.tracker && p.tracker.last !== undefined && p.tracker.last > offset) {
+      p.tracker.forgetAfter(offset);
+    }
+    p.resumeFrom = offset + 1n;
+    if (!wasPaused) {
+      this.#paused++;
+      this.#deps.metrics.partitionPauses.inc();
+      this.#log.warn("partition paused until its failing message goes through", {
+        tenant: p.tenant,
+        topic: p.topic,
+        partition: p.partition,
+        offset: String(offset),
+        let_go: letGo,
+      });
+    }
+    this.#gauges();
+  }
+
+  /** Resumes `p` once no message of it is failing: the consumer hands it out again. */
+  #maybeResume(p: Partition): void {
+    if (p.resumeFrom === undefined || p.failing > 0 || this.#stopping.signal.aborted) return;
+    const from = p.resumeFrom;
+    p.resumeFrom = undefined;
+    this.#paused--;
+    this.#deps.consumer.redeliverFrom(p.topic, p.partition, from);
+    this.#log.info("partition resumed", {
+      tenant: p.tenant,
+      topic: p.topic,
+      partition: p.partition,
+      offset: String(from),
+      dropped_while_paused: p.dropped,
+    });
+    p.dropped = 0;
+    this.#gauges();
+  }
+
+  #finished(p: Partition, job: Job, result: Result): void {
+    p.running.delete(job);
     this.#inFlight--;
-    this.#pending--;
-    this.#deps.metrics.inFlight.set(this.#pending);
-    if (result === "done") {
-      tracker.complete(m.offset);
+    this.#release(job);
+    if (job.failing) {
+      job.failing = false;
+      p.failing--;
+    }
+    // A let-go message was forgotten by the tracker and comes again.
+    if (result === "done" && !job.evicted) {
+      job.tracker.complete(job.m.offset);
       if (++this.#doneSinceCommit >= this.#opts.commitBatch) void this.#commit();
     }
-    if (this.#space && this.#pending < this.#opts.maxPending) {
-      this.#space.resolve();
-      this.#space = undefined;
-    }
+    this.#gauges();
     if (this.#inFlight === 0 && this.#idle) {
       this.#idle.resolve();
       this.#idle = undefined;
     }
+    this.#maybeResume(p);
     this.#pump(p);
   }
 
-  /** Admits `m` or dead-letters it; retries transient failures until done or stopped. */
-  async #process(tenant: string, m: ConsumedMessage): Promise<Result> {
+  /** Admits the job's message or dead-letters it; retries transient failures until done, let go or stopped. */
+  async #process(p: Partition, job: Job): Promise<Result> {
     const { api, metrics } = this.#deps;
+    const { m } = job;
+    const tenant = p.tenant;
     const where = { tenant, topic: m.topic, partition: m.partition, offset: String(m.offset) };
-    const badValue = notJson(m.value);
-    if (badValue !== undefined) {
+    const prepared = prepareBody(m.value, derivedDispatchKey(m.topic, m.partition, m.offset));
+    if ("error" in prepared) {
       const now = new Date();
       return await this.#deadLetter(tenant, m, {
         reason: "bad-json",
         status: "none",
-        detail: badValue,
+        detail: prepared.error,
         attempts: 1,
         firstFailure: now,
         lastFailure: now,
@@ -282,27 +443,42 @@ export class InboxRelay implements Service {
     }
     const request = {
       tenant,
-      body: m.value,
+      body: prepared.body,
       source: `kafka:${m.topic}/${m.partition}/${m.offset}`,
       traceparent: m.headers.traceparent,
       tracestate: m.headers.tracestate,
     };
+    const cancelled = AbortSignal.any([this.#hardStop.signal, job.cancel.signal]);
+    const waitCancelled = AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
     let firstFailure: Date | undefined;
+    let firstUnknownWorkflow: number | undefined;
     for (let attempt = 1;; attempt++) {
       const started = performance.now();
-      const outcome: Outcome = await api.admit(request, this.#hardStop.signal);
+      const outcome: Outcome = await api.admit(request, cancelled);
       metrics.apiDuration.observe({ result: outcome.kind }, (performance.now() - started) / 1000);
       if (outcome.kind === "created" || outcome.kind === "replayed") {
         metrics.messages.inc({ outcome: outcome.kind });
-        this.#log.debug("admitted", { ...where, outcome: outcome.kind, attempts: attempt });
+        this.#log.debug("admitted", {
+          ...where,
+          outcome: outcome.kind,
+          attempts: attempt,
+          derived_key: prepared.derivedKey !== undefined,
+        });
         return "done";
       }
+      if (job.evicted) return "abandoned";
       const now = new Date();
       firstFailure ??= now;
-      if (outcome.kind === "permanent") {
+      if (outcome.kind === "transient" && outcome.reason === "unknown_workflow") {
+        firstUnknownWorkflow ??= now.getTime();
+      }
+      const graceOver = firstUnknownWorkflow !== undefined &&
+        outcome.kind === "transient" && outcome.reason === "unknown_workflow" &&
+        now.getTime() - firstUnknownWorkflow >= this.#opts.unknownWorkflowGraceMs;
+      if (outcome.kind === "permanent" || graceOver) {
         return await this.#deadLetter(tenant, m, {
-          reason: outcome.reason,
-          status: outcome.status,
+          reason: outcome.kind === "permanent" ? outcome.reason : "unknown-workflow",
+          status: outcome.status ?? "none",
           detail: outcome.detail,
           attempts: attempt,
           firstFailure,
@@ -311,28 +487,38 @@ export class InboxRelay implements Service {
       }
       if (this.#stopping.signal.aborted) return "abandoned";
       metrics.retries.inc({ reason: outcome.reason });
-      const wait = outcome.retryAfterMs !== undefined
-        ? outcome.retryAfterMs +
-          backoffWithJitter(0, this.#opts.backoffBaseMs, this.#opts.backoffCapMs)
-        : backoffWithJitter(attempt - 1, this.#opts.backoffBaseMs, this.#opts.backoffCapMs);
+      if (!job.failing) {
+        job.failing = true;
+        p.failing++;
+        this.#pause(p, job);
+      }
+      const wait = retryDelay(
+        attempt,
+        outcome.retryAfterMs,
+        this.#opts.backoffBaseMs,
+        this.#opts.backoffCapMs,
+        this.#opts.random,
+      );
       const fields = {
         ...where,
         reason: outcome.reason,
         status: outcome.status,
+        problem: outcome.problem,
         detail: outcome.detail,
         attempt,
+        retry_after_ms: outcome.retryAfterMs,
         retry_in_ms: wait,
       };
       if (outcome.reason === "auth") {
         // Loud on purpose: only an operator can fix the token or the tenant.
         this.#log.error("the API refuses the relay's credentials; retrying, not skipping", fields);
-      } else if (attempt === 1 || attempt % 10 === 0) {
+      } else if (attempt <= 3 || attempt % 10 === 0) {
         this.#log.warn("admission failed, retrying", fields);
       } else {
         this.#log.debug("admission failed, retrying", fields);
       }
-      await delay(wait, this.#stopping.signal);
-      if (this.#stopping.signal.aborted) return "abandoned";
+      await delay(wait, waitCancelled);
+      if (this.#stopping.signal.aborted || job.evicted) return "abandoned";
     }
   }
 

@@ -34,7 +34,8 @@ export function createRelayMetrics(registry: client.Registry) {
     retries: new client.Counter({
       name: "poimen_inbox_retries_total",
       help: "Retried attempts, by reason (network, timeout, auth, unavailable, server_error, " +
-        "rate_limited, request_timeout, unexpected_status, dead_letter_write)",
+        "rate_limited, request_timeout, unknown_workflow, not_poimen, unexpected_problem, " +
+        "unexpected_status, dead_letter_write)",
       labelNames: ["reason"] as const,
       registers,
     }),
@@ -48,6 +49,21 @@ export function createRelayMetrics(registry: client.Registry) {
     inFlight: new client.Gauge({
       name: "poimen_inbox_in_flight",
       help: "Dispatch messages fetched and not yet done",
+      registers,
+    }),
+    pendingBytes: new client.Gauge({
+      name: "poimen_inbox_pending_bytes",
+      help: "Bytes of the values of dispatch messages fetched and not yet done",
+      registers,
+    }),
+    pausedPartitions: new client.Gauge({
+      name: "poimen_inbox_paused_partitions",
+      help: "Partitions paused behind a message whose admission keeps failing",
+      registers,
+    }),
+    partitionPauses: new client.Counter({
+      name: "poimen_inbox_partition_pauses_total",
+      help: "Times a partition was paused behind a failing message",
       registers,
     }),
     commits: new client.Counter({

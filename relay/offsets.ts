@@ -53,6 +53,35 @@ export class OffsetTracker {
     }
   }
 
+  /**
+   * Forgets every message after `offset` (done or not), as if never fetched:
+   * they will be fetched again. For a partition that is paused while
+   * `offset` is retried. Throws when that would forget a message already in
+   * the committable prefix (the offset must not be before the oldest one not
+   * done). Returns how many messages not yet done were forgotten.
+   */
+  forgetAfter(offset: bigint): number {
+    if (this.#committable !== undefined && offset + 1n < this.#committable) {
+      throw new RangeError(`offset ${offset} is before the committable ${this.#committable}`);
+    }
+    let forgotten = 0;
+    while (this.#entries.length > this.#head) {
+      const entry = this.#entries[this.#entries.length - 1];
+      if (entry.offset <= offset) break;
+      this.#entries.pop();
+      if (!entry.done) {
+        this.#byOffset.delete(entry.offset);
+        forgotten++;
+      }
+    }
+    const tail = this.#entries[this.#entries.length - 1];
+    if (this.#last !== undefined && this.#last > offset) {
+      this.#last = tail?.offset ??
+        (this.#committable !== undefined ? this.#committable - 1n : undefined);
+    }
+    return forgotten;
+  }
+
   /** The next offset to read once everything done so far is committed; undefined before any. */
   get committable(): bigint | undefined {
     return this.#committable;

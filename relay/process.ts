@@ -88,6 +88,8 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
         isDispatchTopic,
         maxInFlight: config.RELAY_MAX_IN_FLIGHT,
         maxPending: config.RELAY_MAX_PENDING,
+        maxPendingBytes: config.RELAY_MAX_PENDING_BYTES,
+        unknownWorkflowGraceMs: config.RELAY_UNKNOWN_WORKFLOW_GRACE_MS,
         commitIntervalMs: config.RELAY_COMMIT_INTERVAL_MS,
         commitBatch: config.RELAY_COMMIT_BATCH,
         backoffBaseMs: config.RELAY_BACKOFF_BASE_MS,
@@ -104,6 +106,7 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
           startFrom: "earliest",
           // Enough to keep every partition's calls busy while the next fetch runs.
           maxBuffered: Math.min(config.RELAY_MAX_PENDING, 5000),
+          maxBufferedBytes: Math.min(config.RELAY_MAX_PENDING_BYTES, 16 * 1024 * 1024),
           sessionTimeoutMs: config.RELAY_SESSION_TIMEOUT_MS,
           heartbeatIntervalMs: Math.floor(config.RELAY_SESSION_TIMEOUT_MS / 10),
         }),

@@ -7,12 +7,17 @@ import assert from "node:assert/strict";
 import { OffsetTracker } from "../relay/offsets.ts";
 import {
   ApiClient,
-  classifyStatus,
+  classify,
+  derivedDispatchKey,
   MAX_RETRY_AFTER_MS,
   notJson,
   parseRetryAfter,
+  poimenProblem,
+  prepareBody,
   problemSummary,
+  retryDelay,
 } from "../relay/api_client.ts";
+import { RunRequest } from "../contracts/runs.ts";
 import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
 import { readRelayConfig } from "../relay/config.ts";
 import { ConfigError } from "../core/errors.ts";
@@ -93,6 +98,46 @@ Deno.test("relay offsets: a committed offset never goes back", () => {
   assert.equal(t.toCommit(), undefined);
 });
 
+Deno.test("relay offsets: forgetting after a failing offset keeps it and what is before", () => {
+  const t = new OffsetTracker();
+  for (let o = 10n; o < 16n; o++) t.add(o, Number(o));
+  t.complete(10n);
+  t.complete(13n);
+  // 11 fails: 12..15 are let go (13 though done: it comes again and replays).
+  assert.equal(t.forgetAfter(11n), 3);
+  assert.equal(t.last, 11n);
+  assert.equal(t.pending, 1);
+  assert.equal(t.toCommit(), 11n);
+  t.complete(13n);
+  assert.equal(t.toCommit(), 11n, "a forgotten offset completes nothing");
+  // Fetched again from 12: accepted, and nothing commits past 11 before it is done.
+  t.add(12n, 12);
+  t.add(13n, 13);
+  t.complete(12n);
+  t.complete(13n);
+  assert.equal(t.toCommit(), 11n);
+  t.complete(11n);
+  assert.equal(t.toCommit(), 14n);
+  assert.throws(() => t.forgetAfter(5n), RangeError, "never forget the committable prefix");
+  assert.equal(t.forgetAfter(13n), 0);
+  assert.equal(t.last, 13n);
+});
+
+Deno.test("relay offsets: forgetting after the head of a fully done prefix", () => {
+  const t = new OffsetTracker();
+  t.add(0n, 0);
+  t.add(1n, 1);
+  t.complete(0n);
+  t.complete(1n);
+  assert.equal(t.forgetAfter(1n), 0);
+  assert.equal(t.last, 1n);
+  t.add(2n, 2);
+  assert.equal(t.forgetAfter(1n), 1);
+  assert.equal(t.last, 1n);
+  t.add(2n, 2);
+  assert.equal(t.pending, 1);
+});
+
 Deno.test("relay offsets: many messages finishing in random order", () => {
   const t = new OffsetTracker();
   const n = 5000;
@@ -115,21 +160,119 @@ Deno.test("relay offsets: many messages finishing in random order", () => {
   assert.equal(t.toCommit(), BigInt(n));
 });
 
-Deno.test("relay outcomes: statuses are done, permanent or transient as DESIGN.md says", () => {
-  const kind = (s: number) => classifyStatus(s).kind;
-  assert.equal(kind(201), "created");
-  assert.equal(kind(200), "replayed");
-  assert.equal(kind(202), "created");
-  for (const s of [400, 404, 409, 413, 415, 422]) assert.equal(kind(s), "permanent", String(s));
-  for (const s of [401, 403, 408, 429, 500, 502, 503, 504, 302, 101]) {
-    assert.equal(kind(s), "transient", String(s));
+const problem = (code: string, retryable = false) =>
+  JSON.stringify({ type: `https://poimen.dev/problems/${code}`, title: code, retryable });
+
+Deno.test("relay outcomes: permanent only for a poimen problem known to be permanent", () => {
+  const verdict = (status: number, body = "") => classify(status, poimenProblem(body));
+  assert.equal(verdict(201).kind, "created");
+  assert.equal(verdict(200).kind, "replayed");
+  assert.equal(verdict(202).kind, "created");
+  for (
+    const [status, code] of [
+      [400, "bad-json"],
+      [422, "validation"],
+      [413, "body-too-large"],
+      [415, "unsupported-media-type"],
+    ] as const
+  ) {
+    assert.deepEqual(verdict(status, problem(code)), { kind: "permanent", reason: code });
+    // The same status without poimen's word on it, or marked retryable: not a verdict.
+    assert.equal(verdict(status, "<html>nope</html>").kind, "transient", `${status} bare`);
+    assert.equal(verdict(status, problem(code, true)).kind, "transient", `${code} retryable`);
   }
-  assert.equal(classifyStatus(401).reason, "auth");
-  assert.equal(classifyStatus(403).reason, "auth");
-  assert.equal(classifyStatus(408).reason, "request_timeout");
-  assert.equal(classifyStatus(429).reason, "rate_limited");
-  assert.equal(classifyStatus(503).reason, "unavailable");
-  assert.equal(classifyStatus(500).reason, "server_error");
+  // A wrong API_URL or a proxy: retried, never dead-lettered.
+  for (const s of [400, 404, 405, 409, 413, 415, 422]) {
+    assert.deepEqual(verdict(s, "Not Found"), { kind: "transient", reason: "not_poimen" });
+  }
+  assert.deepEqual(verdict(404, '{"type":"about:blank","retryable":false}'), {
+    kind: "transient",
+    reason: "not_poimen",
+  });
+  // A poimen 404 (a path prefix missing) is no verdict on the message either.
+  assert.equal(verdict(404, problem("not-found")).reason, "unexpected_problem");
+  // During a rolling deploy a new workflow may not be known everywhere yet.
+  assert.deepEqual(verdict(422, problem("unknown-workflow")), {
+    kind: "transient",
+    reason: "unknown_workflow",
+  });
+  assert.equal(verdict(401, problem("unauthorized")).reason, "auth");
+  assert.equal(verdict(403, problem("forbidden")).reason, "auth");
+  assert.equal(verdict(403).reason, "auth");
+  assert.equal(verdict(408).reason, "request_timeout");
+  assert.equal(verdict(429).reason, "rate_limited");
+  assert.equal(verdict(503, problem("database-unavailable", true)).reason, "unavailable");
+  assert.equal(verdict(500, problem("internal", true)).reason, "server_error");
+  assert.equal(verdict(502, "Bad Gateway").reason, "server_error");
+  assert.equal(verdict(302).reason, "unexpected_status");
+  assert.equal(verdict(101).reason, "unexpected_status");
+});
+
+Deno.test("relay backoff: max(Retry-After, exponential with full jitter)", () => {
+  const top = () => 0.999;
+  const bottom = () => 0;
+  // Without Retry-After: full jitter under a doubling ceiling, capped.
+  assert.equal(retryDelay(1, undefined, 200, 30_000, bottom), 0);
+  assert.equal(retryDelay(1, undefined, 200, 30_000, top), 199);
+  assert.equal(retryDelay(2, undefined, 200, 30_000, top), 399);
+  assert.equal(retryDelay(5, undefined, 200, 30_000, top), 3196);
+  assert.equal(retryDelay(40, undefined, 200, 30_000, top), 29_970);
+  // Retry-After is a floor, never the whole answer: a 503 with Retry-After: 1
+  // on every try backs off beyond a second as the tries add up.
+  const waits = [1, 2, 3, 4, 5, 6, 7, 8].map((a) => retryDelay(a, 1000, 200, 30_000, top));
+  assert.ok(waits.every((w) => w >= 1000), String(waits));
+  assert.deepEqual(waits.slice(0, 3), [1000, 1000, 1000]);
+  assert.ok(waits[7] > 20_000, String(waits));
+  for (let i = 1; i < waits.length; i++) assert.ok(waits[i] >= waits[i - 1], String(waits));
+  assert.equal(retryDelay(3, 1000, 200, 30_000, bottom), 1000, "the floor holds at a zero draw");
+  assert.equal(retryDelay(3, 0, 200, 30_000, top), 799);
+  // The real jitter stays within its bounds.
+  for (let i = 0; i < 1000; i++) {
+    const w = retryDelay(6, 500, 100, 2000);
+    assert.ok(w >= 500 && w < 2000, String(w));
+  }
+});
+
+Deno.test("relay keys: a keyless message gets a key from its topic, partition and offset", () => {
+  const enc = (s: string) => new TextEncoder().encode(s);
+  const dec = (b: Uint8Array) => new TextDecoder().decode(b);
+  const key = derivedDispatchKey("poimen.acme.dispatch", 2, 41n);
+  assert.equal(key, "kafka:poimen.acme.dispatch/2/41");
+  const posted = (value: string) => {
+    const out = prepareBody(enc(value), key);
+    assert.ok("body" in out, value);
+    return { text: dec(out.body), derived: out.derivedKey };
+  };
+  // Keyed: verbatim, byte for byte.
+  const keyed = '{"workflow_ref":"echo","input":{"n":1e400},"dispatch_key":"k1"}';
+  assert.deepEqual(posted(keyed), { text: keyed, derived: undefined });
+  // Keyless or null: the derived key, everything else untouched.
+  const keyless = posted('{"workflow_ref":"echo", "input":{"big":12345678901234567890} }\n');
+  assert.equal(keyless.derived, key);
+  assert.equal(
+    keyless.text,
+    '{"workflow_ref":"echo", "input":{"big":12345678901234567890} ,' +
+      '"dispatch_key":"kafka:poimen.acme.dispatch/2/41"}',
+  );
+  assert.equal(
+    JSON.parse(posted('{"workflow_ref":"echo","dispatch_key":null}').text).dispatch_key,
+    key,
+  );
+  assert.deepEqual(JSON.parse(posted("{ }").text), { dispatch_key: key });
+  // Not an object: the API's to judge.
+  assert.deepEqual(posted("[1,2]"), { text: "[1,2]", derived: undefined });
+  assert.deepEqual(posted('"x"'), { text: '"x"', derived: undefined });
+  // Not JSON: never posted.
+  assert.ok("error" in prepareBody(enc("{nope"), key));
+  assert.ok("error" in prepareBody(new Uint8Array([0x7b, 0xff, 0x7d]), key));
+  // The longest tenant id still makes a key the admission schema accepts.
+  const longest = derivedDispatchKey(
+    `poimen.${"a".repeat(63)}.dispatch`,
+    2 ** 31 - 1,
+    2n ** 63n - 1n,
+  );
+  const parsed = RunRequest.safeParse({ workflow_ref: "echo", dispatch_key: longest });
+  assert.ok(parsed.success, JSON.stringify(parsed.error));
 });
 
 Deno.test("relay outcomes: Retry-After as seconds or a date, bounded", () => {
@@ -189,6 +332,13 @@ Deno.test("relay outcomes: the client classifies real HTTP answers", async () =>
         { status: 422 },
       ),
     "/auth": () => new Response("{}", { status: 401 }),
+    "/schema": () =>
+      new Response(
+        '{"type":"https://poimen.dev/problems/validation","detail":"bad input","retryable":false}',
+        { status: 422, headers: { "content-type": "application/problem+json" } },
+      ),
+    "/proxy-404": () => new Response("<html>Not Found</html>", { status: 404 }),
+    "/proxy-502": () => new Response("Bad Gateway", { status: 502 }),
   };
   const seen: Record<string, string | null>[] = [];
   const server = Deno.serve({ hostname: "127.0.0.1", port: 0, onListen: () => {} }, async (req) => {
@@ -220,11 +370,23 @@ Deno.test("relay outcomes: the client classifies real HTTP answers", async () =>
     assert.equal(unavailable.kind === "transient" && unavailable.retryAfterMs, 2000);
     const unknown = await client("/unknown").admit(req);
     assert.deepEqual(unknown, {
-      kind: "permanent",
-      reason: "unknown-workflow",
+      kind: "transient",
+      reason: "unknown_workflow",
       status: 422,
+      problem: "unknown-workflow",
+      retryAfterMs: undefined,
       detail: "no workflow nope",
     });
+    assert.deepEqual(await client("/schema").admit(req), {
+      kind: "permanent",
+      reason: "validation",
+      status: 422,
+      detail: "bad input",
+    });
+    const proxy404 = await client("/proxy-404").admit(req);
+    assert.equal(proxy404.kind === "transient" && proxy404.reason, "not_poimen");
+    const proxy502 = await client("/proxy-502").admit(req);
+    assert.equal(proxy502.kind === "transient" && proxy502.reason, "server_error");
     const auth = await client("/auth").admit(req);
     assert.equal(auth.kind === "transient" && auth.reason, "auth");
     assert.deepEqual(seen[0], {
@@ -301,6 +463,9 @@ Deno.test("relay config: defaults, and a missing token is one line naming it", (
   assert.equal(c.RELAY_TOPIC_REFRESH_MS, 5000);
   assert.equal(c.RELAY_SHUTDOWN_MS, 10_000);
   assert.equal(c.RELAY_METRICS_PORT, 9465);
+  assert.equal(c.RELAY_MAX_PENDING, 10_000);
+  assert.equal(c.RELAY_MAX_PENDING_BYTES, 64 * 1024 * 1024);
+  assert.equal(c.RELAY_UNKNOWN_WORKFLOW_GRACE_MS, 5 * 60_000);
   assert.throws(() => readRelayConfig({}), (e: unknown) => {
     assert.ok(e instanceof ConfigError);
     assert.match(e.message, /^config: RELAY_TOKEN is unset: /);
@@ -310,5 +475,9 @@ Deno.test("relay config: defaults, and a missing token is one line naming it", (
   assert.throws(
     () => readRelayConfig({ RELAY_TOKEN: "t", RELAY_MAX_IN_FLIGHT: "0" }),
     /RELAY_MAX_IN_FLIGHT/,
+  );
+  assert.throws(
+    () => readRelayConfig({ RELAY_TOKEN: "t", RELAY_MAX_PENDING_BYTES: "lots" }),
+    /RELAY_MAX_PENDING_BYTES/,
   );
 });
