@@ -13,7 +13,7 @@ export const DLQ_HEADER_PREFIX = "poimen-dlq-";
 
 /** The headers the relay adds to a dead letter. */
 export const DLQ_HEADERS = {
-  /** Why: `bad-json`, or the API's problem type (`validation`, `unknown-workflow`, …) or `http_<status>`. */
+  /** Why: `bad-json`, the API's permanent problem code (`validation`, …), or `unknown-workflow` after its grace. */
   reason: "poimen-dlq-reason",
   /** The HTTP status that made it permanent, or `none` when the API was not asked. */
   status: "poimen-dlq-status",

@@ -85,6 +85,8 @@ interface Job {
   evicted: boolean;
   /** Has failed transiently and is being retried (it holds its partition paused). */
   failing: boolean;
+  /** Writing its dead letter: never let go, or it would be dead-lettered twice. */
+  finishing: boolean;
   /** Aborts its call and its backoff when it is let go. */
   cancel: AbortController;
 }
@@ -280,6 +282,7 @@ export class InboxRelay implements Service {
       released: false,
       evicted: false,
       failing: false,
+      finishing: false,
       cancel: new AbortController(),
     };
     p.queue.push(job);
@@ -344,6 +347,12 @@ export class InboxRelay implements Service {
     const offset = failed.m.offset;
     const wasPaused = p.resumeFrom !== undefined;
     if (wasPaused && p.resumeFrom! <= offset + 1n) return;
+    // A message after it that is being dead-lettered is finished, not let go:
+    // the cut moves past it (those in between keep going).
+    let cut = offset;
+    for (const job of p.running) {
+      if (job.finishing && !job.evicted && job.m.offset > cut) cut = job.m.offset;
+    }
     let letGo = 0;
     for (let i = p.head; i < p.queue.length; i++) {
       const job = p.queue[i];
@@ -354,7 +363,7 @@ export class InboxRelay implements Service {
     p.queue = [];
     p.head = 0;
     for (const job of p.running) {
-      if (job.m.offset <= offset || job.evicted) continue;
+      if (job.m.offset <= cut || job.evicted) continue;
       job.evicted = true;
       if (job.failing) {
         job.failing = false;
@@ -365,10 +374,10 @@ export class InboxRelay implements Service {
       letGo++;
     }
     // A job of a tracker replaced since (the topic was recreated) has nothing to forget there.
-    if (failed.tracker === p.tracker && p.tracker.last !== undefined && p.tracker.last > offset) {
-      p.tracker.forgetAfter(offset);
+    if (failed.tracker === p.tracker && p.tracker.last !== undefined && p.tracker.last > cut) {
+      p.tracker.forgetAfter(cut);
     }
-    p.resumeFrom = offset + 1n;
+    p.resumeFrom = cut + 1n;
     if (!wasPaused) {
       this.#paused++;
       this.#deps.metrics.partitionPauses.inc();
@@ -432,6 +441,7 @@ export class InboxRelay implements Service {
     const prepared = prepareBody(m.value, derivedDispatchKey(m.topic, m.partition, m.offset));
     if ("error" in prepared) {
       const now = new Date();
+      job.finishing = true;
       return await this.#deadLetter(tenant, m, {
         reason: "bad-json",
         status: "none",
@@ -457,6 +467,8 @@ export class InboxRelay implements Service {
       const outcome: Outcome = await api.admit(request, cancelled);
       metrics.apiDuration.observe({ result: outcome.kind }, (performance.now() - started) / 1000);
       if (outcome.kind === "created" || outcome.kind === "replayed") {
+        // A let-go message comes again and is counted then (as replayed).
+        if (job.evicted) return "abandoned";
         metrics.messages.inc({ outcome: outcome.kind });
         this.#log.debug("admitted", {
           ...where,
@@ -476,6 +488,7 @@ export class InboxRelay implements Service {
         outcome.kind === "transient" && outcome.reason === "unknown_workflow" &&
         now.getTime() - firstUnknownWorkflow >= this.#opts.unknownWorkflowGraceMs;
       if (outcome.kind === "permanent" || graceOver) {
+        job.finishing = true;
         return await this.#deadLetter(tenant, m, {
           reason: outcome.kind === "permanent" ? outcome.reason : "unknown-workflow",
           status: outcome.status ?? "none",

@@ -19,6 +19,7 @@ import { dispatchTopic, dlqTopic, tenantTopics } from "../contracts/topics.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { type TopicPartitionOffset } from "../kafka/client.ts";
 import { SECOND } from "../core/time.ts";
+import { PROBLEM_BASE } from "../core/errors.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   ApiProcess,
@@ -70,7 +71,7 @@ interface Ctx {
   /** Starts a relay process; its metrics port is `relay.metricsPort`. */
   startRelay(env?: Record<string, string>): Relay;
   /** Creates another tenant (in the database and on the broker) this test's relay drains. */
-  newTenant(label: string): Promise<string>;
+  newTenant(label: string, opts?: { row?: boolean }): Promise<string>;
   publish(
     messages: Omit<ProduceMessage, "topic">[],
     tenant?: string,
@@ -95,10 +96,11 @@ async function newTenantToken(db: TestDatabase, tenant: string): Promise<string>
 function relayTest(
   name: string,
   fn: (ctx: Ctx) => Promise<void>,
-  { ownBroker = false }: { ownBroker?: boolean } = {},
+  { ownBroker = false, pending }: { ownBroker?: boolean; pending?: string } = {},
 ) {
   Deno.test({
-    name: `inbox_relay: ${name}`,
+    name: `inbox_relay: ${name}${pending ? ` (PENDING: ${pending})` : ""}`,
+    ignore: pending !== undefined,
     ...KAFKA_TEST,
     fn: async () => {
       await using broker = ownBroker ? await privateBroker() : undefined;
@@ -156,9 +158,10 @@ function relayTest(
           relays.push(relay);
           return relay;
         },
-        async newTenant(label) {
+        async newTenant(label, { row = true } = {}) {
           const t = `ir-${run}-${label}`;
-          await newTenantToken(db, t);
+          // Without a row the API refuses the relay's service token for it (403).
+          if (row) await newTenantToken(db, t);
           await ensureTenantTopics(admin, t, TOPICS);
           tenants.push(t);
           return t;
@@ -388,7 +391,8 @@ relayTest(
   async (ctx) => {
     // A small body limit makes one message "too large", to redrive once it is raised.
     await ctx.startApi({ BODY_LIMIT_BYTES: "300" });
-    const relay = ctx.startRelay();
+    // An unknown workflow is retried for a grace period (a rolling deploy), then dead-lettered.
+    const relay = ctx.startRelay({ RELAY_UNKNOWN_WORKFLOW_GRACE_MS: "1500" });
     const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     const bigKey = `big-${suffix()}`;
     const bad = [
@@ -434,8 +438,11 @@ relayTest(
       await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "dead_lettered" }),
       4,
     );
+    // The unknown workflow paused the partition: a valid message already in
+    // flight then may come again and replay its run.
     assert.equal(
-      await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "created" }),
+      (await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "created" })) +
+        (await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "replayed" })),
       3,
     );
 
@@ -453,7 +460,9 @@ relayTest(
       assert.equal(h["poimen-dlq-status"], b.status);
       assert.ok(h["poimen-dlq-detail"].length > 0, "a detail");
       assert.ok(h["poimen-dlq-detail"].length <= 500, "a short detail");
-      assert.equal(h["poimen-dlq-attempts"], "1");
+      if (b.why === "unknown-workflow") {
+        assert.ok(Number(h["poimen-dlq-attempts"]) > 1, "retried through its grace period");
+      } else assert.equal(h["poimen-dlq-attempts"], "1", b.why);
       assert.equal(h["poimen-dlq-topic"], dispatchTopic(ctx.tenant));
       assert.equal(h["poimen-dlq-partition"], String(badAt[i].partition));
       assert.equal(h["poimen-dlq-offset"], String(badAt[i].offset));
@@ -639,3 +648,185 @@ async function readTopic(topic: string, count: number): Promise<ConsumedMessage[
     await done;
   }
 }
+
+relayTest(
+  "a tenant the API keeps refusing (403: no tenant row) stalls only its own partitions",
+  async (ctx) => {
+    await ctx.startApi();
+    // Topics on the broker, no tenant in the database: the API refuses the relay for it.
+    const bad = await ctx.newTenant("bad", { row: false });
+    const relay = ctx.startRelay({
+      RELAY_MAX_PENDING: "20",
+      RELAY_MAX_IN_FLIGHT: "8",
+      RELAY_BACKOFF_BASE_MS: "100",
+      RELAY_BACKOFF_CAP_MS: "2000",
+    });
+    // More than RELAY_MAX_PENDING, on every partition of the bad tenant.
+    const badKeys = Array.from({ length: 60 }, (_, i) => `bad-${i}`);
+    await ctx.publish(
+      badKeys.map((k, i) => ({ key: `${bad}/${k}`, value: dispatch(k), partition: i % 3 })),
+      bad,
+    );
+    await waitFor(
+      "the bad tenant refused",
+      async () => (await relayMetric(relay, "poimen_inbox_retries_total", { reason: "auth" })) > 0,
+      LONG,
+    );
+    await waitFor(
+      "the bad tenant's partitions paused",
+      async () => (await relayMetric(relay, "poimen_inbox_paused_partitions")) === 3,
+      LONG,
+    );
+
+    const goodKeys = Array.from({ length: 40 }, (_, i) => `good-${i}-${suffix()}`);
+    await ctx.publish(goodKeys.map((k) => ({ key: `${ctx.tenant}/${k}`, value: dispatch(k) })));
+    await waitFor(
+      "every good message a run",
+      async () => (await countRuns(ctx.db, ctx.tenant)) === 40,
+      LONG,
+    );
+    await caughtUp(relay, ctx.tenant);
+
+    // The bad tenant is still stuck, whole: nothing committed, nothing dead-lettered.
+    assert.equal(await lag(relay, bad), 60);
+    assert.equal(await countRuns(ctx.db, bad), 0);
+    assert.equal(
+      await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "dead_lettered" }),
+      0,
+    );
+    assert.equal(await relayMetric(relay, "poimen_inbox_paused_partitions"), 3);
+    assert.ok(
+      relay.logs().some((l) =>
+        l.includes("the API refuses the relay's credentials") && l.includes(`"tenant":"${bad}"`)
+      ),
+      "loud about it, naming the tenant",
+    );
+  },
+);
+
+relayTest(
+  "a keyless message makes exactly one run under forced redelivery and a second group",
+  async (ctx) => {
+    const api = await ctx.startApi();
+    // It cannot commit in this test's lifetime: a kill loses its progress.
+    const first = ctx.startRelay({ RELAY_COMMIT_INTERVAL_MS: "600000" });
+    const [at] = await ctx.publish([{
+      key: `${ctx.tenant}/keyless`,
+      value: JSON.stringify({ workflow_ref: "echo", input: { n: 1 } }),
+    }]);
+    await waitFor("the run", async () => (await countRuns(ctx.db, ctx.tenant)) === 1, LONG);
+    assert.equal(await relayMetric(first, "poimen_inbox_commits_total"), 0);
+
+    // Crash before the commit: the message comes again, to the group's next
+    // member; and a second relay group on the same topic admits it too.
+    await first.stop("SIGKILL");
+    const second = ctx.startRelay();
+    const other = ctx.startRelay({ RELAY_GROUP_ID: `${ctx.groupId}-other` });
+    await waitFor("both redeliveries posted", async () => (await relayPosts(api)) === 3, LONG);
+    await caughtUp(second, ctx.tenant);
+    await caughtUp(other, ctx.tenant);
+    assert.equal(await countRuns(ctx.db, ctx.tenant), 1, "still exactly one run");
+    for (const relay of [second, other]) {
+      assert.equal(
+        await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "replayed" }),
+        1,
+      );
+    }
+    const [run] = await ctx.db.sql`
+      select dispatch_key, source from runs where tenant_id = ${ctx.tenant}`;
+    const where = `${dispatchTopic(ctx.tenant)}/${at.partition}/${at.offset}`;
+    assert.equal(run.dispatch_key, `kafka:${where}`, "the key derived from where the message is");
+    assert.equal(run.source, `kafka:${where}`);
+  },
+);
+
+relayTest(
+  "a 503 with Retry-After: 1 is retried ever more slowly, never sooner than it says",
+  async (ctx) => {
+    // A stand-in API that is always unavailable, as poimen says it during a database outage.
+    let calls = 0;
+    const server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      async (req) => {
+        await req.body?.cancel();
+        calls++;
+        return new Response(
+          JSON.stringify({
+            type: `${PROBLEM_BASE}database-unavailable`,
+            title: "Database unavailable",
+            status: 503,
+            retryable: true,
+          }),
+          {
+            status: 503,
+            headers: { "retry-after": "1", "content-type": "application/problem+json" },
+          },
+        );
+      },
+    );
+    const relay = ctx.startRelay({
+      API_URL: `http://127.0.0.1:${server.addr.port}`,
+      RELAY_BACKOFF_BASE_MS: "1000",
+      RELAY_BACKOFF_CAP_MS: "16000",
+      LOG_LEVEL: "debug",
+    });
+    try {
+      await ctx.publish([{ key: `${ctx.tenant}/slow`, value: dispatch("slow") }]);
+      const retries = () =>
+        relay.logs().filter((l) => l.includes('"msg":"admission failed, retrying"'))
+          .map((l) =>
+            JSON.parse(l) as { attempt: number; retry_after_ms: number; retry_in_ms: number }
+          );
+      await waitFor(
+        "a retry waiting longer than Retry-After",
+        () => retries().some((r) => r.retry_in_ms > 1000),
+        LONG,
+      );
+      const seen = retries();
+      assert.deepEqual(
+        seen.map((r) => r.attempt),
+        seen.map((_, i) => i + 1),
+        "one message's tries",
+      );
+      for (const r of seen) {
+        assert.equal(r.retry_after_ms, 1000);
+        assert.ok(r.retry_in_ms >= 1000, `never sooner than Retry-After: ${r.retry_in_ms}`);
+      }
+      assert.ok(calls >= seen.length);
+    } finally {
+      await relay.stop();
+      await server.shutdown();
+    }
+  },
+);
+
+relayTest(
+  "input the API rejects as invalid (a NUL) is dead-lettered as validation; the relay moves on",
+  async (ctx) => {
+    await ctx.startApi();
+    const relay = ctx.startRelay();
+    const value = '{"workflow_ref":"echo","input":"\\u0000","dispatch_key":"k"}';
+    const good = `after-${suffix()}`;
+    await ctx.publish([
+      { key: `${ctx.tenant}/k`, value, partition: 0 },
+      { key: `${ctx.tenant}/${good}`, value: dispatch(good), partition: 0 },
+    ]);
+    await waitFor(
+      "the dead letter",
+      async () =>
+        (await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "dead_lettered" })) ===
+          1,
+      LONG,
+    );
+    await caughtUp(relay, ctx.tenant);
+    assert.equal(await countRuns(ctx.db, ctx.tenant), 1);
+    const [letter] = await readTopic(dlqTopic(ctx.tenant), 1);
+    assert.equal(new TextDecoder().decode(letter.value), value);
+    assert.equal(letter.headers["poimen-dlq-reason"], "validation");
+    assert.equal(letter.headers["poimen-dlq-status"], "422");
+  },
+  // Until POST /v1/runs answers 422 validation for a NUL in the input (issue 9,
+  // defect 1; today it answers 500, which the relay rightly retries forever),
+  // this test cannot pass. Drop `pending` once that lands.
+  { pending: "the API's 422 for NUL input (issue 9 defect 1)" },
+);
