@@ -4,7 +4,7 @@
  * that is what makes "no bypass" mechanical (see DESIGN.md, Inbox relay).
  */
 import { HEADERS } from "../contracts/runs.ts";
-import { PROBLEM_BASE } from "../core/errors.ts";
+import { type ErrorCode, PROBLEM_BASE } from "../core/errors.ts";
 import { backoffWithJitter, MINUTE } from "../core/time.ts";
 
 /** Longest Retry-After honoured: a bogus huge value must not park a partition for days. */
@@ -66,7 +66,7 @@ export type TransientReason =
  * - `not-found`, `database-unavailable`, `internal` and codes added later:
  *   not a verdict on the message.
  */
-export const PERMANENT_PROBLEMS: ReadonlySet<string> = new Set([
+export const PERMANENT_PROBLEMS: ReadonlySet<string> = new Set<ErrorCode>([
   "bad-json",
   "validation",
   "body-too-large",

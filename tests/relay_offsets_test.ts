@@ -12,6 +12,7 @@ import {
   MAX_RETRY_AFTER_MS,
   notJson,
   parseRetryAfter,
+  PERMANENT_PROBLEMS,
   poimenProblem,
   prepareBody,
   problemSummary,
@@ -20,7 +21,7 @@ import {
 import { RunRequest } from "../contracts/runs.ts";
 import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
 import { readRelayConfig } from "../relay/config.ts";
-import { ConfigError } from "../core/errors.ts";
+import { ConfigError, type ErrorCode, ERRORS } from "../core/errors.ts";
 import type { ConsumedMessage } from "../kafka/consumer.ts";
 
 Deno.test("relay offsets: nothing committable until the first message is done", () => {
@@ -206,6 +207,17 @@ Deno.test("relay outcomes: permanent only for a poimen problem known to be perma
   assert.equal(verdict(502, "Bad Gateway").reason, "server_error");
   assert.equal(verdict(302).reason, "unexpected_status");
   assert.equal(verdict(101).reason, "unexpected_status");
+});
+
+Deno.test("relay outcomes: every permanent code is a non-retryable 4xx of the error table", () => {
+  assert.ok(PERMANENT_PROBLEMS.size > 0);
+  for (const code of PERMANENT_PROBLEMS) {
+    const kind = ERRORS[code as ErrorCode];
+    assert.ok(kind, code);
+    assert.equal(kind.retryable, false, code);
+    assert.ok(kind.status >= 400 && kind.status < 500, code);
+    assert.equal(classify(kind.status, { code, retryable: kind.retryable }).kind, "permanent");
+  }
 });
 
 Deno.test("relay backoff: max(Retry-After, exponential with full jitter)", () => {
