@@ -1,0 +1,222 @@
+/**
+ * admission/batcher.ts on its own: which items go into which flush, how many
+ * flushes run at once, and who fails when a flush fails. The flush here is a
+ * recorder whose calls the test finishes one by one, so every interleaving
+ * is chosen by the test, not by timing.
+ */
+import assert from "node:assert/strict";
+import { Batcher, type BatcherOptions } from "../admission/batcher.ts";
+
+/** A flush call the test holds open until it calls `finish` or `fail`. */
+interface Call<T, R> {
+  items: T[];
+  finish(results: (R | Error)[]): void;
+  fail(error: unknown): void;
+}
+
+/**
+ * A flush that records its calls and answers only when told; `next()`
+ * resolves with the next call not yet handed out (already made or future).
+ */
+function heldFlush<T, R>() {
+  const calls: Call<T, R>[] = [];
+  let handed = 0;
+  let wake = () => {};
+  let inFlight = 0;
+  let maxInFlight = 0;
+  const flush = (items: T[]) =>
+    new Promise<(R | Error)[]>((resolve, reject) => {
+      inFlight++;
+      maxInFlight = Math.max(maxInFlight, inFlight);
+      const done = () => inFlight--;
+      calls.push({
+        items,
+        finish: (r) => (done(), resolve(r)),
+        fail: (e) => (done(), reject(e)),
+      });
+      wake();
+    });
+  return {
+    flush,
+    calls,
+    get maxInFlight() {
+      return maxInFlight;
+    },
+    async next(): Promise<Call<T, R>> {
+      while (handed >= calls.length) await new Promise<void>((r) => (wake = r));
+      return calls[handed++];
+    },
+  };
+}
+
+/** Lets queued promise callbacks (the batcher's `finally` and re-pump) run. */
+async function settle(): Promise<void> {
+  for (let i = 0; i < 10; i++) await Promise.resolve();
+}
+
+/** How `p` ended, without throwing. */
+function outcome<R>(p: Promise<R>): Promise<{ value: R } | { error: unknown }> {
+  return p.then((value) => ({ value }), (error) => ({ error }));
+}
+
+const double = (items: number[]) => items.map((n) => n * 2);
+
+Deno.test("batcher: the first item flushes at once, alone, with no timer to wait for", async () => {
+  const h = heldFlush<number, number>();
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 });
+  const result = batcher.submit(1);
+  // Synchronously: submit() started the flush before returning.
+  assert.deepEqual(h.calls.map((c) => c.items), [[1]]);
+  (await h.next()).finish([2]);
+  assert.equal(await result, 2);
+  await settle();
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: items arriving while a flush is in flight coalesce into the next one", async () => {
+  const h = heldFlush<number, number>();
+  const sizes: number[] = [];
+  const opts: BatcherOptions = { maxBatch: 10, maxConcurrent: 1, onFlush: (n) => sizes.push(n) };
+  const batcher = new Batcher(h.flush, opts);
+  const results = [1, 2, 3, 4, 5, 6].map((n) => batcher.submit(n));
+  assert.equal(batcher.pending, 6);
+
+  const first = await h.next();
+  assert.deepEqual(first.items, [1]);
+  await settle();
+  assert.equal(h.calls.length, 1, "nothing else flushes while the only slot is taken");
+  first.finish(double(first.items));
+
+  const second = await h.next();
+  assert.deepEqual(second.items, [2, 3, 4, 5, 6], "the waiting items, in order, as one batch");
+  second.finish(double(second.items));
+
+  // Each caller gets its own item's result.
+  assert.deepEqual(await Promise.all(results), [2, 4, 6, 8, 10, 12]);
+  assert.deepEqual(sizes, [1, 5]);
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: no flush holds more than maxBatch items", async () => {
+  const h = heldFlush<number, number>();
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 });
+  const results = Array.from({ length: 26 }, (_, i) => batcher.submit(i));
+  const batches: number[][] = [];
+  while (batches.flat().length < 26) {
+    const call = await h.next();
+    batches.push(call.items);
+    call.finish(double(call.items));
+  }
+  assert.deepEqual(batches.map((b) => b.length), [1, 10, 10, 5]);
+  assert.deepEqual(batches.flat(), Array.from({ length: 26 }, (_, i) => i), "submission order");
+  assert.deepEqual(await Promise.all(results), Array.from({ length: 26 }, (_, i) => i * 2));
+});
+
+Deno.test("batcher: at most maxConcurrent flushes are in flight; a freed slot is used at once", async () => {
+  const h = heldFlush<number, number>();
+  const batcher = new Batcher(h.flush, { maxBatch: 2, maxConcurrent: 3 });
+  const results = Array.from({ length: 12 }, (_, i) => batcher.submit(i));
+  await settle();
+  // The first three found a free slot each; the other nine wait.
+  assert.deepEqual(h.calls.map((c) => c.items), [[0], [1], [2]]);
+  assert.equal(batcher.pending, 12);
+
+  // Finishing one flush starts exactly one more, with the next maxBatch items.
+  const first = await h.next();
+  first.finish(double(first.items));
+  await settle();
+  assert.deepEqual(h.calls.slice(3).map((c) => c.items), [[3, 4]]);
+
+  let flushed = 1;
+  while (flushed < 12) {
+    const call = await h.next();
+    flushed += call.items.length;
+    call.finish(double(call.items));
+  }
+  assert.deepEqual(await Promise.all(results), Array.from({ length: 12 }, (_, i) => i * 2));
+  assert.equal(h.maxInFlight, 3);
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: an Error in one item's place fails that item only", async () => {
+  const h = heldFlush<string, string>();
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 });
+  const blocker = batcher.submit("first");
+  const results = ["a", "b", "c"].map((s) => outcome(batcher.submit(s)));
+  (await h.next()).finish(["first!"]);
+  await blocker;
+  const call = await h.next();
+  assert.deepEqual(call.items, ["a", "b", "c"]);
+  const refused = new Error("b is refused");
+  call.finish(["a!", refused, "c!"]);
+  assert.deepEqual(await Promise.all(results), [
+    { value: "a!" },
+    { error: refused },
+    { value: "c!" },
+  ]);
+  assert.equal(h.calls.length, 2, "no retry: the flush itself succeeded");
+});
+
+Deno.test("batcher: a failed batch is retried item by item, so only the bad item fails", async () => {
+  const h = heldFlush<string, string>();
+  const isolated: unknown[] = [];
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 }, (err) => {
+    isolated.push(err);
+    return true;
+  });
+  const blocker = batcher.submit("first");
+  const results = ["a", "bad", "c"].map((s) => outcome(batcher.submit(s)));
+  (await h.next()).finish(["first!"]);
+  await blocker;
+
+  const batchError = new Error("check constraint violated by one row");
+  const batch = await h.next();
+  assert.deepEqual(batch.items, ["a", "bad", "c"]);
+  batch.fail(batchError);
+
+  // Each item again, on its own.
+  const alone = [await h.next(), await h.next(), await h.next()];
+  assert.deepEqual(isolated, [batchError], "isolate() was asked about the batch's error");
+  assert.deepEqual(alone.map((c) => c.items), [["a"], ["bad"], ["c"]]);
+  const badError = new Error("bad violates the check");
+  for (const call of alone) {
+    if (call.items[0] === "bad") call.fail(badError);
+    else call.finish([`${call.items[0]}!`]);
+  }
+  assert.deepEqual(await Promise.all(results), [
+    { value: "a!" },
+    { error: badError },
+    { value: "c!" },
+  ]);
+  assert.equal(h.calls.length, 5);
+  await settle();
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: an error isolate() rules out fails the whole batch, without retries", async () => {
+  const h = heldFlush<string, string>();
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 }, () => false);
+  const blocker = batcher.submit("first");
+  const results = ["a", "b"].map((s) => outcome(batcher.submit(s)));
+  (await h.next()).finish(["first!"]);
+  await blocker;
+  const down = new Error("connection refused");
+  (await h.next()).fail(down);
+  assert.deepEqual(await Promise.all(results), [{ error: down }, { error: down }]);
+  await settle();
+  assert.equal(h.calls.length, 2, "no item was retried");
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: a failed flush of one item fails it without a retry", async () => {
+  const h = heldFlush<string, string>();
+  let asked = 0;
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 }, () => (asked++, true));
+  const result = outcome(batcher.submit("only"));
+  const error = new Error("refused");
+  (await h.next()).fail(error);
+  assert.deepEqual(await result, { error });
+  await settle();
+  assert.equal(h.calls.length, 1);
+  assert.equal(asked, 0, "nothing to isolate in a batch of one");
+});
