@@ -18,15 +18,26 @@ export interface Logger {
 
 const ORDER: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
 
-// Keys whose values are never written, whatever part logs them.
+// Keys whose values are never written, whatever part logs them, at any depth.
 const SECRET_KEYS = /authorization|token|password|secret/i;
+// The password in `scheme://user:password@host`: a DATABASE_URL can reach a
+// log inside an error message or a config echo, not only under a secret key.
+const URL_PASSWORD = /(\b[a-z][a-z0-9+.-]*:\/\/[^\s:/@]*:)[^\s/@]*@/gi;
 
-function redact(fields: Fields): Fields {
+/** `value` as it may be written: secrets replaced, errors as their message. */
+function redact(value: unknown, parents: object[] = []): unknown {
+  if (typeof value === "string") return value.replace(URL_PASSWORD, "$1[redacted]@");
+  if (value instanceof Error) return redact(value.message);
+  if (typeof value !== "object" || value === null) return value;
+  if (parents.includes(value)) return "[circular]";
+  // Whatever JSON.stringify would write instead (a URL's href, a Date's ISO string).
+  const toJSON = (value as { toJSON?: unknown }).toJSON;
+  if (typeof toJSON === "function") return redact(toJSON.call(value), parents);
+  const inner = [...parents, value];
+  if (Array.isArray(value)) return value.map((v) => redact(v, inner));
   const out: Fields = {};
-  for (const [k, v] of Object.entries(fields)) {
-    if (SECRET_KEYS.test(k)) out[k] = "[redacted]";
-    else if (v instanceof Error) out[k] = v.message;
-    else out[k] = v;
+  for (const [k, v] of Object.entries(value)) {
+    out[k] = SECRET_KEYS.test(k) ? "[redacted]" : redact(v, inner);
   }
   return out;
 }
@@ -45,7 +56,7 @@ export function createLogger(
       level: lvl,
       service,
       msg,
-      ...redact({ ...base, ...fields }),
+      ...redact({ ...base, ...fields }) as Fields,
     }));
   };
   return {
