@@ -67,10 +67,18 @@ function req(body: BodyInit | null, headers: Record<string, string> = {}, method
   });
 }
 
-/** Asserts a problem response of `status` and `code`, and that no row changed. */
-async function refused(res: Response | Promise<Response>, status: number, code: ErrorCode) {
+/**
+ * Sends the request `send` makes and asserts a problem response of `status`
+ * and `code`, and that no row changed. The rows are counted before `send`
+ * is called: a request already under way could write before the count.
+ */
+async function refused(
+  send: () => Response | Promise<Response>,
+  status: number,
+  code: ErrorCode,
+) {
   const before = await counts();
-  const r = await res;
+  const r = await send();
   const body = await r.json();
   assert.equal(r.status, status, JSON.stringify(body));
   assert.equal(r.headers.get("content-type"), "application/problem+json");
@@ -83,28 +91,29 @@ async function refused(res: Response | Promise<Response>, status: number, code: 
 
 CASES.push(["api refuses each bad input with a problem and writes nothing", async (t) => {
   const start = await counts();
-  await t.step("not JSON: 400", () => refused(req("{nope"), 400, "bad-json"));
-  await t.step("empty body: 400", () => refused(req(""), 400, "bad-json"));
+  await t.step("not JSON: 400", () => refused(() => req("{nope"), 400, "bad-json"));
+  await t.step("empty body: 400", () => refused(() => req(""), 400, "bad-json"));
   await t.step(
     "wrong content type: 415",
     () =>
       refused(
-        req("workflow_ref=echo", { "content-type": "text/plain" }),
+        () => req("workflow_ref=echo", { "content-type": "text/plain" }),
         415,
         "unsupported-media-type",
       ),
   );
   await t.step("body over the limit: 413", () =>
     refused(
-      req(JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })),
+      () => req(JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })),
       413,
       "body-too-large",
     ));
   await t.step("body over the limit, streamed without a Content-Length: 413", () =>
     refused(
-      req(
-        new Blob([JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })]).stream(),
-      ),
+      () =>
+        req(
+          new Blob([JSON.stringify({ workflow_ref: "echo", input: "x".repeat(5000) })]).stream(),
+        ),
       413,
       "body-too-large",
     ));
@@ -112,14 +121,14 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "Content-Length over the limit: 413 before the body is read",
     () =>
       refused(
-        req(JSON.stringify({ workflow_ref: "echo" }), { "content-length": "5000" }),
+        () => req(JSON.stringify({ workflow_ref: "echo" }), { "content-length": "5000" }),
         413,
         "body-too-large",
       ),
   );
   await t.step("a large body of the wrong content type: 415, the type checked first", () =>
     refused(
-      req("x".repeat(5000), { "content-type": "text/plain" }),
+      () => req("x".repeat(5000), { "content-type": "text/plain" }),
       415,
       "unsupported-media-type",
     ));
@@ -134,23 +143,27 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     assert.equal(await rejected(), before + 2);
   });
   await t.step("missing workflow_ref: 422 naming the field", async () => {
-    const body = await refused(req(JSON.stringify({ input: {} })), 422, "validation");
+    const body = await refused(() => req(JSON.stringify({ input: {} })), 422, "validation");
     assert.equal(body.errors[0].path, "workflow_ref");
   });
   await t.step(
     "unknown field: 422",
     () =>
-      refused(req(JSON.stringify({ workflow_ref: "echo", dispatchKey: "k" })), 422, "validation"),
+      refused(
+        () => req(JSON.stringify({ workflow_ref: "echo", dispatchKey: "k" })),
+        422,
+        "validation",
+      ),
   );
   await t.step(
     "unknown workflow: 422",
-    () => refused(req(JSON.stringify({ workflow_ref: "nope" })), 422, "unknown-workflow"),
+    () => refused(() => req(JSON.stringify({ workflow_ref: "nope" })), 422, "unknown-workflow"),
   );
   await t.step("a version longer than the registry allows: 422 naming workflow_ref", async () => {
     // The API and the registry share one pattern: what the one refuses is
     // a schema error, not a ref that passes and then resolves to nothing.
     const body = await refused(
-      req(JSON.stringify({ workflow_ref: "echo@1234567890" })),
+      () => req(JSON.stringify({ workflow_ref: "echo@1234567890" })),
       422,
       "validation",
     );
@@ -158,11 +171,11 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
   });
   await t.step(
     "unknown version: 422",
-    () => refused(req(JSON.stringify({ workflow_ref: "echo@99" })), 422, "unknown-workflow"),
+    () => refused(() => req(JSON.stringify({ workflow_ref: "echo@99" })), 422, "unknown-workflow"),
   );
   await t.step("input not matching the workflow: 422", async () => {
     const body = await refused(
-      req(JSON.stringify({ workflow_ref: "sleep", input: { ms: "long" } })),
+      () => req(JSON.stringify({ workflow_ref: "sleep", input: { ms: "long" } })),
       422,
       "validation",
     );
@@ -171,11 +184,15 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
   await t.step(
     "empty dispatch_key: 422",
     () =>
-      refused(req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "" })), 422, "validation"),
+      refused(
+        () => req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "" })),
+        422,
+        "validation",
+      ),
   );
   await t.step("dispatch_key over 255 chars: 422", () =>
     refused(
-      req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "k".repeat(256) })),
+      () => req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "k".repeat(256) })),
       422,
       "validation",
     ));
@@ -183,7 +200,7 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "dispatch_key with a control character: 422",
     () =>
       refused(
-        req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "a\nb" })),
+        () => req(JSON.stringify({ workflow_ref: "echo", dispatch_key: "a\nb" })),
         422,
         "validation",
       ),
@@ -192,7 +209,7 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "goal_id over 255 chars: 422",
     () =>
       refused(
-        req(JSON.stringify({ workflow_ref: "echo", goal_id: "g".repeat(256) })),
+        () => req(JSON.stringify({ workflow_ref: "echo", goal_id: "g".repeat(256) })),
         422,
         "validation",
       ),
@@ -201,7 +218,7 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "bad list filter: 422",
     () =>
       refused(
-        app.request("/v1/runs?status=lost", { headers: { authorization: `Bearer ${acme}` } }),
+        () => app.request("/v1/runs?status=lost", { headers: { authorization: `Bearer ${acme}` } }),
         422,
         "validation",
       ),
@@ -210,7 +227,7 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
     "bad cursor: 422",
     () =>
       refused(
-        app.request("/v1/runs?cursor=zzz", { headers: { authorization: `Bearer ${acme}` } }),
+        () => app.request("/v1/runs?cursor=zzz", { headers: { authorization: `Bearer ${acme}` } }),
         422,
         "validation",
       ),
@@ -221,35 +238,39 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
 CASES.push(["api auth rules", async (t) => {
   const ok = JSON.stringify({ workflow_ref: "echo", input: { hi: 1 } });
   await t.step("no token: 401 with WWW-Authenticate", async () => {
-    const r = app.request("/v1/runs", {
-      method: "POST",
-      body: ok,
-      headers: { "content-type": "application/json" },
-    });
-    await refused(r, 401, "unauthorized");
+    await refused(
+      () =>
+        app.request("/v1/runs", {
+          method: "POST",
+          body: ok,
+          headers: { "content-type": "application/json" },
+        }),
+      401,
+      "unauthorized",
+    );
     assert.match((await app.request("/v1/runs")).headers.get("www-authenticate") ?? "", /Bearer/);
   });
   await t.step(
     "unknown token: 401",
-    () => refused(req(ok, { authorization: `Bearer ${newToken()}` }), 401, "unauthorized"),
+    () => refused(() => req(ok, { authorization: `Bearer ${newToken()}` }), 401, "unauthorized"),
   );
   await t.step(
     "not a bearer token: 401",
-    () => refused(req(ok, { authorization: `Basic ${btoa("a:b")}` }), 401, "unauthorized"),
+    () => refused(() => req(ok, { authorization: `Basic ${btoa("a:b")}` }), 401, "unauthorized"),
   );
   await t.step(
     "tenant token naming another tenant: 403",
-    () => refused(req(ok, { "poimen-tenant": "globex" }), 403, "forbidden"),
+    () => refused(() => req(ok, { "poimen-tenant": "globex" }), 403, "forbidden"),
   );
   await t.step(
     "service token without a tenant: 403",
-    () => refused(req(ok, { authorization: `Bearer ${relay}` }), 403, "forbidden"),
+    () => refused(() => req(ok, { authorization: `Bearer ${relay}` }), 403, "forbidden"),
   );
   await t.step(
     "service token for an unknown tenant: 403",
     () =>
       refused(
-        req(ok, { authorization: `Bearer ${relay}`, "poimen-tenant": "nobody" }),
+        () => req(ok, { authorization: `Bearer ${relay}`, "poimen-tenant": "nobody" }),
         403,
         "forbidden",
       ),
@@ -272,9 +293,8 @@ CASES.push(["api auth rules", async (t) => {
   });
   await t.step("another tenant's run is a 404, and absent from its list", async () => {
     const mine = await (await req(ok)).json();
-    const other = await app.request(`/v1/runs/${mine.run_id}`, {
-      headers: { authorization: `Bearer ${globex}` },
-    });
+    const other = () =>
+      app.request(`/v1/runs/${mine.run_id}`, { headers: { authorization: `Bearer ${globex}` } });
     await refused(other, 404, "not-found");
     const list = await (await app.request("/v1/runs?limit=500", {
       headers: { authorization: `Bearer ${globex}` },
