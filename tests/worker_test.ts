@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
 import { createLogger, silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
-import type { Sql } from "../db/pool.ts";
+import { createPool, type Sql } from "../db/pool.ts";
 import { claimRuns, queueStats, type ReclaimedRun } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
@@ -387,28 +387,52 @@ Deno.test("queue: a run whose pinned workflow version this worker lacks fails wi
   }
 });
 
-Deno.test("queue: stop twice is safe and a stopped worker claims nothing more", async () => {
+/** Queries sent by `application` since `since` (the latest query of each of its connections). */
+async function queriesSince(sql: Sql, application: string, since: Date): Promise<string[]> {
+  const rows = await sql<{ query: string }[]>`
+    select query from pg_stat_activity
+     where application_name = ${application} and query_start > ${since}`;
+  return rows.map((r) => r.query);
+}
+
+Deno.test("queue: stop twice is safe, and a stopped worker sends no query and claims nothing", async () => {
   const { db, admit } = await setup();
-  const w = worker(db.sql, { pollMs: 50 });
+  // The worker gets a pool of its own, named, so Postgres can tell its queries from the test's.
+  const application = `poimen-test-stopped-${crypto.randomUUID().slice(0, 8)}`;
+  const pool = createPool({ url: db.url, max: 4, applicationName: application });
+  const pollMs = 50;
+  const w = worker(pool, { pollMs });
   try {
     await w.start();
     const first = await admit("echo", 1);
     await waitFor("first run succeeded", statusIs(db.sql, first, "succeeded"), 10_000);
     await Promise.all([w.stop(), w.stop()]);
     await w.stop();
+    const [{ stopped }] = await db.sql<{ stopped: Date }[]>`select clock_timestamp() as stopped`;
+
+    // A run due now, and a NOTIFY for it (admission pokes the workers).
     const later = await admit("echo", 2);
-    // A live worker polling every 50 ms would have claimed it long before
-    // another worker, started now, finishes it: its claim proves the run
-    // was still there for the taking.
+    // Twenty poll intervals: a worker still polling would have claimed it
+    // many times over. Any sign of life ends the wait at once.
+    const watch = Date.now();
+    const seen = await waitFor("twenty poll intervals of a stopped worker", async () => {
+      const status = (await runRow(db.sql, later)).status;
+      const queries = await queriesSince(db.sql, application, stopped);
+      const quiet = status === "queued" && queries.length === 0;
+      return !quiet || Date.now() - watch > 20 * pollMs ? { status, queries } : undefined;
+    }, 10_000);
+    assert.deepEqual(seen, { status: "queued", queries: [] }, "the stopped worker stayed silent");
+    await assert.rejects(() => w.start());
+
+    // The run was there for the taking: a live worker takes it.
     const other = worker(db.sql);
     await other.start();
     await waitFor("later run succeeded", statusIs(db.sql, later, "succeeded"), 10_000);
     await other.stop();
-    const evs = await events(db.sql, later);
-    assert.equal(evs[1].payload.worker, other.id);
-    await assert.rejects(() => w.start());
+    assert.equal((await events(db.sql, later))[1].payload.worker, other.id);
   } finally {
     await w.stop();
+    await pool.end();
     await db.drop();
   }
 });
