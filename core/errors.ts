@@ -16,7 +16,7 @@ export interface ErrorKind {
  * Every code poimen reports, in one table. The API's problem bodies, the
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
- * never reach HTTP (`config`, `bad-result`) still get a status, so that
+ * never reach HTTP (`config`, `bad-result`, `result-too-large`) still get a status, so that
  * one type covers all.
  */
 export const ERRORS = {
@@ -36,6 +36,15 @@ export const ERRORS = {
   config: { status: 500, title: "Invalid configuration", retryable: false },
   /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
   "bad-result": { status: 500, title: "Workflow result is not JSON", retryable: false },
+  /**
+   * A workflow handler returned a result over RUN_RESULT_MAX_BYTES (a run
+   * error, never HTTP). Not retryable: the same input gives the same result.
+   */
+  "result-too-large": {
+    status: 500,
+    title: "Workflow result is larger than RUN_RESULT_MAX_BYTES",
+    retryable: false,
+  },
   internal: { status: 500, title: "Internal error", retryable: true },
 } as const satisfies Record<string, ErrorKind>;
 

@@ -6,9 +6,18 @@
  * change and its event commit together, and the event's `seq` is the run's
  * new `event_seq`, taken under the row lock the update holds.
  *
- * Every finishing statement is guarded by `lease_owner = owner and status =
- * 'running'`: a worker that lost its lease (and whose run was reclaimed, and
- * maybe claimed by another worker) changes nothing and is told so.
+ * Every statement a worker makes about its claim (heartbeat, completion,
+ * failure, release) is fenced by `lease_owner = owner and attempts = attempt
+ * and status = 'running'`: a worker that lost its lease (its run reclaimed,
+ * maybe claimed again by another worker or by this same worker id under a
+ * newer attempt) changes nothing and is told so. The owner alone is not
+ * enough: a worker whose lease expired can re-claim the same run, and a late
+ * or replayed write for attempt 1 would then finish attempt 2. The attempt
+ * number is the fencing token because every claim increments it; the one
+ * exception is `releaseRun`, which gives the attempt back, so the number is
+ * reused by the next claim. A released attempt belongs to a worker that is
+ * shutting down and claims nothing more, and a restarted process has a new
+ * default id, so (owner, attempt) still names one claim in practice.
  *
  * Wake-ups: workers `LISTEN` on `QUEUE_CHANNEL`; whoever makes runs due calls
  * `notifyQueued` after its transaction committed, never inside it (a NOTIFY in
@@ -154,36 +163,71 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
 }
 
 /**
- * Extends `owner`'s lease on a running run to now + `leaseMs`. False when the
- * lease is lost (reclaimed, finished or owned by another worker): the caller
- * must stop working on the run. Not a state change, so no event.
+ * Extends `owner`'s lease on attempt `attempt` of a running run to now +
+ * `leaseMs`. False when the lease is lost (reclaimed, finished, owned by
+ * another worker or by a newer attempt): the caller must stop working on the
+ * run. Not a state change, so no event.
+ *
+ * `signal` bounds the wait: when it aborts, the statement is cancelled (also
+ * on the server, where it may be waiting for a row lock) and the promise
+ * rejects with the signal's reason. A heartbeat that timed out may or may
+ * not have been written; the caller treats its lease as unconfirmed.
  */
 export async function heartbeat(
   sql: Sql,
   tenantId: string,
   runId: string,
   owner: string,
+  attempt: number,
   leaseMs: number,
+  signal?: AbortSignal,
 ): Promise<boolean> {
-  const rows = await sql`
+  const query = sql`
     update runs
        set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
      where tenant_id = ${tenantId} and run_id = ${runId}
-       and lease_owner = ${owner} and status = 'running'
+       and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
     returning 1`;
+  const rows = await cancelledOnAbort(query, signal);
   return rows.length > 0;
+}
+
+/**
+ * Settles like `query`, or rejects with `signal`'s reason as soon as it
+ * aborts, after asking postgres.js to cancel the query (dropped from the
+ * queue if not sent yet, a cancel request to the server if running).
+ */
+function cancelledOnAbort<T>(
+  query: Promise<T> & { cancel(): unknown },
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  if (!signal) return query;
+  // A postgres.js query is sent on its first then(): one never awaited never runs.
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => {
+      // The cancel's own outcome does not matter: the caller has given up.
+      Promise.resolve(query.cancel()).catch(() => {});
+      reject(signal.reason);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    query.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+  });
 }
 
 /**
  * Marks `owner`'s running run `succeeded` with `result` (JSON; undefined is
  * stored as null) and appends `run.succeeded` `{attempt, result}`. False when
- * the lease was lost: nothing was written.
+ * the lease of attempt `attempt` was lost: nothing was written. The caller
+ * bounds the result's size (RUN_RESULT_MAX_BYTES): it is stored and sent in
+ * the event as given.
  */
 export async function completeRun(
   sql: Sql,
   tenantId: string,
   runId: string,
   owner: string,
+  attempt: number,
   result: unknown,
 ): Promise<boolean> {
   const rows = await sql`
@@ -198,7 +242,7 @@ export async function completeRun(
              updated_at = now(),
              event_seq = event_seq + 1
        where tenant_id = ${tenantId} and run_id = ${runId}
-         and lease_owner = ${owner} and status = 'running'
+         and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts, result
     ),
     ev as (
@@ -232,13 +276,16 @@ export interface FailOutcome {
  * `run.retrying` `{attempt, error, retry_at}`; or, when that was the last
  * attempt or `final` (retrying cannot help, e.g. the input no longer
  * validates), `failed` with `run.failed` `{attempt, error}`. The decision is
- * made on the row, under its lock. Undefined when the lease was lost.
+ * made on the row, under its lock. Undefined when the lease of attempt
+ * `attempt` was lost (also when this very call was already applied and is
+ * being retried after a lost reply): nothing was written.
  */
 export async function failAttempt(
   sql: Sql,
   tenantId: string,
   runId: string,
   owner: string,
+  attempt: number,
   error: AttemptError,
   backoffMs: number,
   final = false,
@@ -257,7 +304,7 @@ export async function failAttempt(
              updated_at = now(),
              event_seq = event_seq + 1
        where tenant_id = ${tenantId} and run_id = ${runId}
-         and lease_owner = ${owner} and status = 'running'
+         and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
                 run_after, error
     ),
@@ -283,13 +330,15 @@ export async function failAttempt(
  * The attempt is given back too (attempts - 1): the run did not fail, its
  * worker went away on purpose, and a deploy must not use up a run's
  * attempts. (A worker that dies without releasing does use one up: see
- * `reclaimExpired`.) False when the lease was already lost.
+ * `reclaimExpired`.) False when the lease of attempt `attempt` was already
+ * lost.
  */
 export async function releaseRun(
   sql: Sql,
   tenantId: string,
   runId: string,
   owner: string,
+  attempt: number,
   reason: string,
 ): Promise<boolean> {
   const rows = await sql`
@@ -303,7 +352,7 @@ export async function releaseRun(
              updated_at = now(),
              event_seq = event_seq + 1
        where tenant_id = ${tenantId} and run_id = ${runId}
-         and lease_owner = ${owner} and status = 'running'
+         and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts
     ),
     ev as (

@@ -11,6 +11,7 @@ const CASES: [command: string, env: Record<string, string>, variable: string][] 
   ["api", { BODY_LIMIT_BYTES: "-1" }, "BODY_LIMIT_BYTES"],
   ["worker", { WORKER_CONCURRENCY: "0" }, "WORKER_CONCURRENCY"],
   ["worker", { LOG_LEVEL: "loud" }, "LOG_LEVEL"],
+  ["worker", { RUN_RESULT_MAX_BYTES: "2000000" }, "RUN_RESULT_MAX_BYTES"],
   ["outbox", { OUTBOX_BATCH_SIZE: "many" }, "OUTBOX_BATCH_SIZE"],
   ["relay", {}, "RELAY_TOKEN"],
   ["relay", { RELAY_TOKEN: "x", KAFKA_BROKERS: "no port" }, "KAFKA_BROKERS"],

@@ -3,6 +3,7 @@
  * file's own). Runs are created by the admission kernel, as in production.
  */
 import assert from "node:assert/strict";
+import { z } from "zod";
 import { Admission } from "../admission/admit.ts";
 import { createLogger, silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
@@ -10,7 +11,12 @@ import { createPool, type Sql } from "../db/pool.ts";
 import { claimRuns, queueStats, type ReclaimedRun } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
-import { type AttemptOutcome, Worker, type WorkerOptions } from "../worker/worker.ts";
+import {
+  type AttemptOutcome,
+  type FencedStatement,
+  Worker,
+  type WorkerOptions,
+} from "../worker/worker.ts";
 import { Reclaimer } from "../worker/reclaimer.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 
@@ -506,6 +512,137 @@ Deno.test("queue: queueStats counts queued and running runs and ages the oldest 
     assert.equal(s.byStatus.running, 0);
     assert.ok(s.oldestQueuedAgeSeconds >= 30 && s.oldestQueuedAgeSeconds < 60);
   } finally {
+    await db.drop();
+  }
+});
+
+const jsonBytes = (v: unknown) => new TextEncoder().encode(JSON.stringify(v)).length;
+
+Deno.test("queue: an echo run whose result would be ~4 MB as JSON fails with result-too-large, and no event carries it", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { hooks: { onFinished: (o) => outcomes.push(o) } });
+  try {
+    // ~900 KB as the caller writes it ("1e20,"), ~4 MB as JSON once parsed.
+    const input = Array.from({ length: 180_000 }, () => 1e20);
+    assert.ok(jsonBytes(input) > 3_500_000);
+    await w.start();
+    const runId = await admit("echo", input);
+    const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 30_000);
+    assert.equal(row.error?.code, "result-too-large");
+    assert.equal(row.error?.limit, 256 * 1024);
+    assert.ok((row.error?.bytes as number) > 3_500_000);
+    assert.equal(row.result, null);
+    // Final: the same input would give the same result, so no retry.
+    assert.equal(row.attempts, 1);
+    assert.deepEqual(outcomes, ["failed"]);
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), ["run.admitted", "run.started", "run.failed"]);
+    for (const e of evs) assert.ok(jsonBytes(e.payload) < 256 * 1024, `${e.type} is small`);
+    assert.equal((evs[2].payload.error as Record<string, unknown>).code, "result-too-large");
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a handler error too large or holding a NUL is stored storable and cut to RUN_RESULT_MAX_BYTES", async () => {
+  const registry = builtinRegistry().register({
+    name: "loud",
+    version: 1,
+    maxAttempts: 2,
+    input: z.unknown(),
+    handler: () => Promise.reject(new Error("\0" + "é".repeat(1_000_000))),
+  });
+  const { db, admit } = await setup(registry);
+  const limit = 64 * 1024;
+  const w = worker(db.sql, { resultMaxBytes: limit }, registry);
+  try {
+    await w.start();
+    const runId = await admit("loud", null);
+    const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 30_000);
+    assert.equal(row.attempts, 2);
+    assert.ok(jsonBytes(row.error) <= limit);
+    assert.equal(row.error?.truncated, true);
+    assert.equal(row.error?.name, "Error");
+    assert.ok((row.error?.message as string).startsWith("\uFFFDéé"));
+    const evs = await events(db.sql, runId);
+    assert.deepEqual(evs.map((e) => e.type), [
+      "run.admitted",
+      "run.started",
+      "run.retrying",
+      "run.started",
+      "run.failed",
+    ]);
+    for (const e of evs) assert.ok(jsonBytes(e.payload) < limit + 1024, `${e.type} is small`);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a worker's completion for an attempt that is over is fenced, even under its own id, and counted", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const fenced: FencedStatement[] = [];
+  const w = worker(db.sql, {
+    hooks: { onFinished: (o) => outcomes.push(o), onFenced: (s) => fenced.push(s) },
+  });
+  try {
+    await w.start();
+    const runId = await admit("sleep", { ms: 1_500 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    // As if the lease had expired and this same worker id had claimed attempt 2.
+    await db.sql`update runs set attempts = attempts + 1
+                  where tenant_id = ${TENANT} and run_id = ${runId}`;
+    await waitFor("the completion was refused", () => outcomes.includes("lost"), 10_000);
+    assert.deepEqual(fenced, ["complete"]);
+    const row = await runRow(db.sql, runId);
+    assert.equal(row.status, "running");
+    assert.equal(row.attempts, 2);
+    assert.equal(row.lease_owner, w.id);
+    assert.equal(row.result, null);
+    assert.equal(row.event_seq, 2);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue: a heartbeat stuck on a row lock times out, and the handler is aborted when the lease runs out", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  let timeouts = 0;
+  const w = worker(db.sql, {
+    leaseMs: 900,
+    hooks: { onFinished: (o) => outcomes.push(o), onHeartbeatTimeout: () => timeouts++ },
+  });
+  let unlock = () => {};
+  const unlocked = new Promise<void>((r) => unlock = r);
+  let holder: Promise<unknown> = Promise.resolve();
+  try {
+    await w.start();
+    const runId = await admit("sleep", { ms: 60_000 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    // Holds the run's row lock: every heartbeat update waits for it.
+    let locked = false;
+    holder = db.sql.begin(async (tx) => {
+      await tx`select 1 from runs where tenant_id = ${TENANT} and run_id = ${runId} for update`;
+      locked = true;
+      await unlocked;
+    });
+    await waitFor("row locked", () => locked, 10_000);
+    await waitFor("the handler was aborted", () => outcomes.includes("lost"), 10_000);
+    assert.ok(timeouts > 0);
+    unlock();
+    await holder;
+    // The cancelled heartbeats wrote nothing for the lost attempt.
+    const evs = await events(db.sql, runId);
+    assert.ok(!evs.some((e) => e.type === "run.succeeded" || e.type === "run.failed"));
+  } finally {
+    unlock();
+    await holder;
+    await w.stop();
     await db.drop();
   }
 });

@@ -10,6 +10,7 @@ import {
   readEnv,
 } from "../core/config.ts";
 import { SECOND } from "../core/time.ts";
+import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 
 /** Default worker id: unique per process on a host, readable in `lease_owner`. */
 export function defaultWorkerId(): string {
@@ -31,6 +32,15 @@ export const workerEnvSchema = z.object({
   /** How long a graceful stop waits for runs in flight before aborting and releasing them. */
   WORKER_SHUTDOWN_MS: millis(10 * SECOND),
   WORKER_ID: z.string().min(1).max(200).optional(),
+  /**
+   * Largest result (and error) a run may store, as JSON bytes. Both travel in
+   * the run's terminal event, so the ceiling keeps every event under the
+   * events topic's message limit (1 MiB by default, with room for the
+   * envelope). A larger result fails the run with `result-too-large`.
+   */
+  RUN_RESULT_MAX_BYTES: z.coerce.number().int().min(1024).max(960 * 1024).default(
+    DEFAULT_RUN_RESULT_MAX_BYTES,
+  ),
   /** `/metrics`, `/healthz` and `/readyz`; 0 picks a free port (logged). */
   WORKER_METRICS_PORT: port(DEFAULT_METRICS_PORTS.worker),
   WORKER_METRICS_HOST: z.string().min(1).default("127.0.0.1"),

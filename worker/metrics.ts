@@ -51,6 +51,19 @@ export function createWorkerMetrics(
     labelNames: ["status"] as const,
     registers,
   });
+  const fenced = new client.Counter({
+    name: "poimen_worker_fenced_total",
+    help:
+      "Heartbeats and finishing writes refused because their attempt no longer held the lease, by statement: heartbeat, complete, fail, release",
+    labelNames: ["statement"] as const,
+    registers,
+  });
+  const heartbeatTimeouts = new client.Counter({
+    name: "poimen_worker_heartbeat_timeouts_total",
+    help:
+      "Heartbeats that did not answer in time and were cancelled (the lease was left unconfirmed)",
+    registers,
+  });
   new client.Gauge({
     name: "poimen_worker_runs_in_flight",
     help: "Runs this worker is executing",
@@ -89,6 +102,8 @@ export function createWorkerMetrics(
     onReclaimed: (runs) => {
       for (const r of runs) reclaimed.inc({ status: r.status });
     },
+    onFenced: (statement) => fenced.inc({ statement }),
+    onHeartbeatTimeout: () => heartbeatTimeouts.inc(),
   };
   return { registry, hooks };
 }

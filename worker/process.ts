@@ -56,6 +56,7 @@ export async function main(args: string[]): Promise<number> {
     pollMs: cfg.WORKER_POLL_MS,
     retryBaseMs: cfg.WORKER_RETRY_BASE_MS,
     shutdownMs: cfg.WORKER_SHUTDOWN_MS,
+    resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
     log,
     hooks: metrics.hooks,
     listener: () =>

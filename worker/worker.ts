@@ -8,7 +8,6 @@
  * with SIGKILL loses no run: it is executed again elsewhere (execution is
  * at-least-once; a handler with side effects must be idempotent per run id).
  */
-import type { ErrorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { Waker } from "../core/waker.ts";
 import { once, type Service } from "../core/lifecycle.ts";
@@ -28,6 +27,13 @@ import {
 } from "../db/queue.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { Reclaimer } from "./reclaimer.ts";
+import {
+  attemptError,
+  boundError,
+  checkResult,
+  DEFAULT_RUN_RESULT_MAX_BYTES,
+  errorMessage,
+} from "./run_output.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =
@@ -39,11 +45,18 @@ export type AttemptOutcome =
   /** The lease was lost (reclaimed elsewhere): nothing was written. */
   | "lost";
 
+/** The statements fenced by attempt: refused when the lease they speak for is gone. */
+export type FencedStatement = "heartbeat" | "complete" | "fail" | "release";
+
 /** Callbacks for metrics; none may throw. */
 export interface WorkerHooks {
   onClaimed?(count: number): void;
   onFinished?(outcome: AttemptOutcome): void;
   onReclaimed?(runs: ReclaimedRun[]): void;
+  /** A heartbeat or finishing write was refused: its attempt no longer holds the lease. */
+  onFenced?(statement: FencedStatement): void;
+  /** A heartbeat did not answer within its timeout (the lease is unconfirmed). */
+  onHeartbeatTimeout?(): void;
 }
 
 export interface WorkerOptions {
@@ -58,6 +71,11 @@ export interface WorkerOptions {
   shutdownMs: number;
   /** How often expired leases are looked for; by default from the lease and poll interval. */
   reclaimMs?: number;
+  /**
+   * Largest result (and error) of a run, as JSON bytes (RUN_RESULT_MAX_BYTES);
+   * a larger result fails the attempt with `result-too-large`.
+   */
+  resultMaxBytes?: number;
   log: Logger;
   hooks?: WorkerHooks;
   /**
@@ -118,6 +136,7 @@ export class Worker implements Service {
       // Half a lease bounds how long a dead worker's run waits beyond its
       // lease; every worker reclaims, so the fleet looks more often still.
       reclaimMs: Math.max(opts.pollMs, Math.min(opts.leaseMs / 2, 5 * SECOND)),
+      resultMaxBytes: DEFAULT_RUN_RESULT_MAX_BYTES,
       hooks: {},
       ...opts,
     };
@@ -348,20 +367,20 @@ export class Worker implements Service {
         return;
       }
       if (outcome.ok) {
-        try {
-          // Checked here, where it can fail the run, not in the write.
-          JSON.stringify(outcome.result ?? null);
-        } catch (err) {
-          const error = attemptError("bad-result", `result is not JSON: ${errorMessage(err)}`);
-          return await this.#fail(entry, lease, error, true, log);
-        }
+        // Checked here, where it can fail the run, not in the write: the
+        // same result would fail every attempt, so the failure is final.
+        const bad = checkResult(outcome.result, this.#opts.resultMaxBytes);
+        if (bad) return await this.#fail(entry, lease, bad, true, log);
         const ok = await this.#write(
           lease,
-          () => completeRun(this.#sql, run.tenant_id, run.run_id, id, outcome.result),
+          () => completeRun(this.#sql, run.tenant_id, run.run_id, id, run.attempts, outcome.result),
         );
         this.#opts.hooks.onFinished?.(ok ? "succeeded" : "lost");
         if (ok) log.debug("run succeeded");
-        else log.warn("lease lost before completion; result discarded");
+        else {
+          this.#opts.hooks.onFenced?.("complete");
+          log.warn("lease lost before completion (fenced); result discarded");
+        }
       } else {
         await this.#fail(entry, lease, outcome.error, outcome.final, log);
       }
@@ -382,12 +401,28 @@ export class Worker implements Service {
     const { id, retryBaseMs, retryCapMs } = this.#opts;
     // attempts - 1: the first retry waits at most the base.
     const backoff = backoffWithJitter(run.attempts - 1, retryBaseMs, retryCapMs);
+    const bounded = boundError(error, this.#opts.resultMaxBytes);
     const res = await this.#write(
       lease,
-      () => failAttempt(this.#sql, run.tenant_id, run.run_id, id, error, backoff, final),
+      () =>
+        failAttempt(
+          this.#sql,
+          run.tenant_id,
+          run.run_id,
+          id,
+          run.attempts,
+          bounded,
+          backoff,
+          final,
+        ),
     );
     if (!res) {
-      log.warn("lease lost before the failure was recorded", { error: error.message });
+      // Also what a retried write sees when its first send committed but the
+      // reply was lost: the attempt is over either way.
+      log.warn("lease lost before the failure was recorded (fenced)", {
+        error: bounded.message,
+      });
+      this.#opts.hooks.onFenced?.("fail");
       this.#opts.hooks.onFinished?.("lost");
     } else if (res.status === "queued") {
       log.info("attempt failed; retrying", { error: error.message, retry_at: res.retry_at });
@@ -449,7 +484,15 @@ export class Worker implements Service {
     }
   }
 
-  /** Extends the lease every third of it until the run is done; aborts the handler when lost. */
+  /**
+   * Extends the lease every third of it until the run is done; aborts the
+   * handler when lost. Each beat is bounded by a timeout (a third of the
+   * lease, and never past the lease this worker last confirmed) and then
+   * cancelled: a beat stuck on a row lock or a dead connection must not keep
+   * the handler running on a lease that has run out. A beat that timed out
+   * counts as failed (it may or may not have been written): the lease is only
+   * extended by a beat that answered.
+   */
   async #heartbeatLoop(entry: InFlight, lease: { until: number }, log: Logger): Promise<void> {
     const { run } = entry;
     const { id, leaseMs } = this.#opts;
@@ -460,13 +503,31 @@ export class Worker implements Service {
       await delay(Math.max(0, Math.min(every, lease.until - Date.now() - every)), stop);
       if (stop.aborted) return;
       const sentAt = Date.now();
+      const timeout = AbortSignal.timeout(Math.max(1, Math.min(every, lease.until - sentAt)));
       try {
-        const held = await heartbeat(this.#sql, run.tenant_id, run.run_id, id, leaseMs);
+        const held = await heartbeat(
+          this.#sql,
+          run.tenant_id,
+          run.run_id,
+          id,
+          run.attempts,
+          leaseMs,
+          AbortSignal.any([timeout, stop]),
+        );
         if (stop.aborted) return;
-        if (!held) return this.#loseLease(entry, log, "lease lost");
+        if (!held) {
+          this.#opts.hooks.onFenced?.("heartbeat");
+          return this.#loseLease(entry, log, "lease lost (heartbeat fenced)");
+        }
         lease.until = sentAt + leaseMs;
       } catch (err) {
-        log.warn("heartbeat failed", { error: err });
+        if (stop.aborted) return;
+        if (timeout.aborted) {
+          this.#opts.hooks.onHeartbeatTimeout?.();
+          log.warn("heartbeat timed out; lease unconfirmed", {
+            lease_left_ms: lease.until - Date.now(),
+          });
+        } else log.warn("heartbeat failed", { error: err });
         if (Date.now() >= lease.until) return this.#loseLease(entry, log, "lease expired");
         await delay(Math.min(every, 250), stop);
       }
@@ -511,9 +572,11 @@ export class Worker implements Service {
           run.tenant_id,
           run.run_id,
           this.#opts.id,
+          run.attempts,
           "worker shutdown",
         );
         if (ok) released++;
+        else this.#opts.hooks.onFenced?.("release");
         this.#opts.hooks.onFinished?.(ok ? "released" : "lost");
         this.#log.info(ok ? "run released" : "run already lost", {
           tenant: run.tenant_id,
@@ -532,17 +595,4 @@ export class Worker implements Service {
       await notifyQueued(this.#sql).catch((err) => this.#log.warn("notify failed", { error: err }));
     }
   }
-}
-
-function errorMessage(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
-}
-
-/** A failure poimen itself decides, under a code from the one error table. */
-function attemptError(
-  code: ErrorCode,
-  message: string,
-  extra: Record<string, unknown> = {},
-): AttemptError {
-  return { code, message, ...extra };
 }
