@@ -14,7 +14,8 @@ const COMMAND = {
   synopsis: "<tenant>…",
   description: `
 Declares each tenant's events, dispatch and dispatch.dlq topics (partitions,
-replication factor and retention from TOPIC_*), idempotently. Prints one line
+replication factor and retention from TOPIC_*, max.message.bytes from
+EVENTS_MAX_MESSAGE_BYTES), idempotently. Prints one line
 per topic.`,
   positionals: { min: 1, max: Infinity },
   env: KafkaCliEnv,
@@ -42,6 +43,7 @@ export async function main(argv: string[]): Promise<number> {
         partitions: config.TOPIC_PARTITIONS,
         replicationFactor: config.TOPIC_REPLICATION_FACTOR,
         retentionMs: config.TOPIC_RETENTION_MS,
+        maxMessageBytes: config.EVENTS_MAX_MESSAGE_BYTES,
       });
       for (const t of created) console.log(`created ${t}`);
       for (const t of existing) console.log(`exists  ${t}`);

@@ -67,6 +67,11 @@ export const kafkaEnv = {
   TOPIC_PARTITIONS: positiveInt(3),
   TOPIC_REPLICATION_FACTOR: positiveInt(1),
   TOPIC_RETENTION_MS: millis(7 * DAY),
+  /**
+   * `max.message.bytes` of the events and dispatch topics, set when they are
+   * declared; the outbox parks an event larger than this instead of sending it.
+   */
+  EVENTS_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
 };
 
 export const logEnv = {

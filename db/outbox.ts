@@ -24,9 +24,20 @@ export interface PendingEvent {
   at: Date;
 }
 
+/** A claimed event; `parked_seq` is set when an earlier event of its run is parked. */
+export interface ClaimedEvent extends PendingEvent {
+  /**
+   * The lowest parked seq of this event's run below this batch's highest
+   * seq of the run, or null. An event after it must not be shipped (it would
+   * overtake the parked one): the relay parks it too.
+   */
+  parked_seq: number | null;
+}
+
 /**
- * Locks up to `limit` pending events, oldest first, skipping rows another
- * process holds; returns those it may ship now, ordered by (tenant, run, seq).
+ * Locks up to `limit` pending (unpublished, not parked) events, oldest
+ * first, skipping rows another process holds; returns those it may handle
+ * now, ordered by (tenant, run, seq).
  *
  * Per-run order with several processes: a run's locked rows are returned
  * only when they are ALL of its pending rows up to the highest seq locked —
@@ -37,17 +48,18 @@ export interface PendingEvent {
  * snapshot, where a row published concurrently still looks pending: that
  * only ever leaves a run out, never lets a later seq overtake an earlier one.
  * Ordering relies on counts rather than on event_id order, so it holds for
- * events of one run inserted out of id order too.
+ * events of one run inserted out of id order too. Parked rows do not count
+ * as pending; instead each row reports its run's parked seq, if any.
  */
 export async function claimPendingEvents(
   tx: TransactionSql,
   limit: number,
-): Promise<PendingEvent[]> {
-  return await tx<PendingEvent[]>`
+): Promise<ClaimedEvent[]> {
+  return await tx<ClaimedEvent[]>`
     with locked as (
       select tenant_id, run_id, seq, event_id, type, goal_id, dispatch_key, payload, at
         from work_events
-       where published_at is null
+       where published_at is null and parked_at is null
        order by event_id
        limit ${limit}
        for update skip locked
@@ -60,11 +72,18 @@ export async function claimPendingEvents(
       window run as (partition by l.tenant_id, l.run_id)
     )
     select h.tenant_id, h.run_id, h.seq, h.event_id, h.type, h.goal_id, h.dispatch_key,
-           h.payload, h.at
+           h.payload, h.at, c.parked_seq
       from held h
-     where (select count(*) from work_events w
-             where w.tenant_id = h.tenant_id and w.run_id = h.run_id
-               and w.published_at is null and w.seq <= h.last_seq) = h.n
+     -- Unpublished as a FILTER, not a WHERE: a WHERE would imply the pending
+     -- index's predicate, and the planner could scan that whole index for
+     -- each row instead of probing the primary key.
+     cross join lateral (
+       select count(*) filter (where w.published_at is null and w.parked_at is null) as pending,
+              min(w.seq) filter (where w.published_at is null and w.parked_at is not null)
+                as parked_seq
+         from work_events w
+        where w.tenant_id = h.tenant_id and w.run_id = h.run_id and w.seq <= h.last_seq) c
+     where c.pending = h.n
      order by h.tenant_id, h.run_id, h.seq`;
 }
 
@@ -80,24 +99,59 @@ export async function markPublished(
       from unnest(${events.map((e) => e.tenant_id)}::text[],
                   ${events.map((e) => e.event_id)}::bigint[]) as p(tenant_id, event_id)
      where w.tenant_id = p.tenant_id and w.event_id = p.event_id
-       and w.published_at is null`;
+       and w.published_at is null and w.parked_at is null`;
   return result.count;
 }
 
-/** The outbox backlog: pending rows and the age of the oldest, in seconds (0 when none). */
+/** One event to park and why. */
+export interface ParkedEvent {
+  tenant_id: string;
+  event_id: string;
+  reason: string;
+}
+
+/**
+ * Parks these events (by tenant and event id): sets `parked_at = now()` and
+ * `parked_reason`, which takes them out of the pending index for good (until
+ * an operator clears `parked_at`). Returns how many were parked.
+ */
+export async function parkEvents(tx: TransactionSql, events: ParkedEvent[]): Promise<number> {
+  if (events.length === 0) return 0;
+  const result = await tx`
+    update work_events w
+       set parked_at = now(), parked_reason = p.reason
+      from unnest(${events.map((e) => e.tenant_id)}::text[],
+                  ${events.map((e) => e.event_id)}::bigint[],
+                  ${events.map((e) => e.reason)}::text[]) as p(tenant_id, event_id, reason)
+     where w.tenant_id = p.tenant_id and w.event_id = p.event_id
+       and w.published_at is null and w.parked_at is null`;
+  return result.count;
+}
+
+/**
+ * The outbox backlog: pending rows (not parked), the age of the oldest, in
+ * seconds (0 when none), and parked rows.
+ */
 export interface OutboxStats {
   pending: number;
   oldestAgeSeconds: number;
+  parked: number;
 }
 
-/** Counts pending events (over the partial pending index) and the age of the oldest. */
+/** Counts pending events and parked ones (each over its partial index) and the oldest's age. */
 export async function outboxStats(sql: Sql): Promise<OutboxStats> {
-  const [row] = await sql<{ pending: number; oldest_age: number }[]>`
-    select count(*)::float8 as pending,
-           coalesce(extract(epoch from now() - min(at)), 0)::float8 as oldest_age
-      from work_events
-     where published_at is null`;
-  return { pending: row.pending, oldestAgeSeconds: Math.max(0, row.oldest_age) };
+  const [row] = await sql<{ pending: number; oldest_age: number; parked: number }[]>`
+    select p.pending, p.oldest_age,
+           (select count(*)::float8 from work_events where parked_at is not null) as parked
+      from (select count(*)::float8 as pending,
+                   coalesce(extract(epoch from now() - min(at)), 0)::float8 as oldest_age
+              from work_events
+             where published_at is null and parked_at is null) p`;
+  return {
+    pending: row.pending,
+    oldestAgeSeconds: Math.max(0, row.oldest_age),
+    parked: row.parked,
+  };
 }
 
 /**

@@ -2,7 +2,7 @@
  * Administrative operations: idempotent topic declaration, listing, deletion
  * and the offsets a lag metric needs.
  */
-import { Admin } from "@platformatic/kafka";
+import { Admin, ConfigResourceTypes } from "@platformatic/kafka";
 import { delay, SECOND } from "../core/time.ts";
 import {
   baseOptions,
@@ -31,6 +31,8 @@ export interface KafkaAdmin {
   listTopics(): Promise<string[]>;
   /** Deletes topics; one that does not exist counts as success. */
   deleteTopics(topics: string[]): Promise<void>;
+  /** The values of a topic's configuration entries (all of them, or those named). */
+  topicConfig(topic: string, names?: string[]): Promise<Record<string, string>>;
   /** Partition count of each of `topics` that exists. */
   partitionCounts(topics: string[]): Promise<Map<string, number>>;
   /**
@@ -133,6 +135,18 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
       }
     },
     partitionCounts,
+    async topicConfig(topic, names) {
+      const [described] = await admin.describeConfigs({
+        resources: [{
+          resourceType: ConfigResourceTypes.TOPIC,
+          resourceName: topic,
+          configurationKeys: names ?? null,
+        }],
+      });
+      const out: Record<string, string> = {};
+      for (const c of described?.configs ?? []) if (c.value != null) out[c.name] = c.value;
+      return out;
+    },
     async committedOffsets(groupId, topics) {
       const groups = await admin.listConsumerGroupOffsets({ groups: [groupId] });
       const wanted = topics ? new Set(topics) : undefined;

@@ -3,7 +3,7 @@
  * every message (acks=all), with the offset each got.
  */
 import { Buffer } from "node:buffer";
-import { murmur2, Producer, stringSerializer } from "@platformatic/kafka";
+import { findErrorBy, murmur2, Producer, stringSerializer } from "@platformatic/kafka";
 import {
   baseOptions,
   identityBuffer,
@@ -34,6 +34,48 @@ export interface KafkaProducer {
   send(messages: ProduceMessage[]): Promise<TopicPartitionOffset[]>;
   close(): Promise<void>;
 }
+
+// Broker answers that a record (or a batch of them) can never be written as
+// it is: sending it again changes nothing. Everything else (connection
+// refused, timeouts, leader changes, unknown topic) may pass by itself.
+// CORRUPT_MESSAGE counts: the client already retried it, and the broker also
+// uses it for records that exceed a valid size.
+const PERMANENT_RECORD_ERRORS = [
+  "MESSAGE_TOO_LARGE",
+  "RECORD_LIST_TOO_LARGE",
+  "INVALID_RECORD",
+  "CORRUPT_MESSAGE",
+  "INVALID_TIMESTAMP",
+] as const;
+
+/**
+ * The broker's error code when `error` (from `send`) says the records sent
+ * can never be written as they are (e.g. `MESSAGE_TOO_LARGE`), else
+ * undefined: the broker being down or busy is not permanent.
+ */
+export function permanentRecordError(error: unknown): string | undefined {
+  // Callers may have wrapped the client's error (as a `cause`) on its way up.
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    const found = PERMANENT_RECORD_ERRORS.find((id) => findErrorBy(e, "apiId", id) !== null);
+    if (found) return found;
+  }
+  return undefined;
+}
+
+/**
+ * The size of `m` as one record in a batch of its own: what the topic's
+ * `max.message.bytes` is compared with (uncompressed, so an upper bound). The
+ * batch header is 61 bytes; each varint is at most 5.
+ */
+export function recordBatchBytes(m: ProduceMessage): number {
+  const bytes = (s: string | Uint8Array) =>
+    typeof s === "string" ? utf8.encode(s).byteLength : s.byteLength;
+  let size = 61 + 5 * 6 + bytes(m.key) + bytes(m.value);
+  for (const [k, v] of Object.entries(m.headers ?? {})) size += 10 + bytes(k) + bytes(v);
+  return size;
+}
+
+const utf8 = new TextEncoder();
 
 /** Options of `createProducer`. */
 export interface ProducerOptions extends KafkaClientOptions {

@@ -7,6 +7,8 @@ import type { OutboxStats } from "../db/outbox.ts";
 export interface OutboxHooks {
   /** After a publish the broker acknowledged: how many events and how long it took. */
   onPublished(count: number, seconds: number): void;
+  /** After a batch that parked events committed: how many it parked. */
+  onParked?(count: number): void;
 }
 
 export type OutboxMetrics = ReturnType<typeof createOutboxMetrics>;
@@ -25,7 +27,7 @@ export function createOutboxMetrics(
   log: Logger,
 ) {
   const registers = [registry];
-  let last: OutboxStats = { pending: 0, oldestAgeSeconds: 0 };
+  let last: OutboxStats = { pending: 0, oldestAgeSeconds: 0, parked: 0 };
   let cached: { at: number; value: Promise<OutboxStats> } | undefined;
   let failing = false;
 
@@ -63,6 +65,20 @@ export function createOutboxMetrics(
       this.set((await current()).oldestAgeSeconds);
     },
   });
+  const parked = new client.Gauge({
+    name: "poimen_outbox_parked_events",
+    help: "work_events rows parked: refused for good by the broker or over " +
+      "EVENTS_MAX_MESSAGE_BYTES (or behind such an event of their run); never published",
+    registers,
+    async collect() {
+      this.set((await current()).parked);
+    },
+  });
+  const parkedTotal = new client.Counter({
+    name: "poimen_outbox_parked_events_total",
+    help: "Events this process parked",
+    registers,
+  });
   const shipped = new client.Counter({
     name: "poimen_outbox_events_shipped_total",
     help: "Events published to Kafka and acknowledged by the broker",
@@ -80,6 +96,9 @@ export function createOutboxMetrics(
       shipped.inc(count);
       publishDuration.observe(seconds);
     },
+    onParked(count) {
+      parkedTotal.inc(count);
+    },
   };
-  return { registry, pending, oldestAge, shipped, publishDuration, hooks };
+  return { registry, pending, oldestAge, parked, parkedTotal, shipped, publishDuration, hooks };
 }

@@ -68,6 +68,7 @@ export async function main(args: string[]): Promise<number> {
       partitions: cfg.TOPIC_PARTITIONS,
       replicationFactor: cfg.TOPIC_REPLICATION_FACTOR,
       retentionMs: cfg.TOPIC_RETENTION_MS,
+      maxMessageBytes: cfg.EVENTS_MAX_MESSAGE_BYTES,
     },
     log,
     hooks: metrics.hooks,

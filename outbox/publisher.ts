@@ -19,6 +19,23 @@
  * idempotent producer keeps order across its retries), and a later batch is
  * only sent after the earlier one was acknowledged.
  *
+ * Parking: an event over `maxMessageBytes` (EVENTS_MAX_MESSAGE_BYTES, the
+ * events topic's `max.message.bytes`), or one the broker refuses for a
+ * permanent reason (MESSAGE_TOO_LARGE, INVALID_RECORD…, see
+ * `permanentRecordError`), would fail every retry and stall every batch
+ * behind it, of every tenant. It is parked instead (`parked_at`,
+ * `parked_reason`; an error log line and `poimen_outbox_parked_events`), and
+ * the batch goes on. A send the broker refuses for good is split in halves
+ * until the culprit is alone, so the rest of the batch still ships, in order.
+ * The broker being away is not permanent: that stays "wait and retry".
+ *
+ * The later events of a parked event's run are parked behind it ("follows
+ * parked seq N"), never shipped: consumers fold a run by `(run_id, seq)` and
+ * may rely on seq n+1 never arriving without seq n, which shipping past the
+ * gap would break; and once the cause is fixed (e.g. the topic's limit
+ * raised), clearing `parked_at` on the run's rows ships all of them, in
+ * order. Other runs and other tenants are unaffected either way.
+ *
  * The message format is contracts/events.ts. Deleting published rows past
  * retention is not this loop's job: see `OutboxPurger` (outbox/purger.ts).
  */
@@ -26,13 +43,29 @@ import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay } from "../core/time.ts";
-import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
+import {
+  type ClaimedEvent,
+  claimPendingEvents,
+  markPublished,
+  parkEvents,
+  type PendingEvent,
+} from "../db/outbox.ts";
+import type { TransactionSql } from "../db/pool.ts";
 import type { Sql } from "../db/pool.ts";
 import { EVENT_HEADERS, type EventMessage } from "../contracts/events.ts";
 import { eventMessageKey, eventsTopic } from "../contracts/topics.ts";
-import { type KafkaAdmin } from "../kafka/admin.ts";
-import { type KafkaProducer, type ProduceMessage } from "../kafka/producer.ts";
-import { type TenantTopicOptions } from "../kafka/topics.ts";
+import { type KafkaAdmin, type TopicSpec } from "../kafka/admin.ts";
+import {
+  type KafkaProducer,
+  permanentRecordError,
+  type ProduceMessage,
+  recordBatchBytes,
+} from "../kafka/producer.ts";
+import {
+  DEFAULT_MAX_MESSAGE_BYTES,
+  type TenantTopicOptions,
+  tenantTopicSpecs,
+} from "../kafka/topics.ts";
 import type { OutboxHooks } from "./metrics.ts";
 
 /** The Kafka side of the relay: a producer factory (a failed producer is replaced) and an admin. */
@@ -53,16 +86,27 @@ export interface OutboxRelayOptions {
   hooks?: OutboxHooks;
 }
 
-// Produce requests are kept well under the broker's default 1 MiB
-// message.max.bytes; a run's events are split only when they exceed it.
+// Produce requests are kept well under the topic's max.message.bytes; a
+// run's events are split only when they exceed it.
 const CHUNK_BYTES = 512 * 1024;
 const RETRY_BASE_MS = 200;
 
 type Phase = "kafka" | "database";
 
 interface Outgoing {
-  event: PendingEvent;
+  event: ClaimedEvent;
   message: ProduceMessage & { value: Uint8Array };
+  /** Its size as a record batch of its own (`recordBatchBytes`). */
+  bytes: number;
+}
+
+/** An event parked in this batch, reported once the batch committed. */
+interface Parked {
+  event: PendingEvent;
+  bytes: number | undefined;
+  reason: string;
+  /** The parked seq of its run it follows, when that is why it was parked. */
+  follows?: number;
 }
 
 /** Tags a failure with the side that failed, for outage logging. */
@@ -78,6 +122,8 @@ export class OutboxRelay implements Service {
   readonly #kafka: OutboxKafka;
   readonly #opts: OutboxRelayOptions;
   readonly #log: Logger;
+  /** The events topic's max.message.bytes: a larger event is parked unsent. */
+  readonly #maxBytes: number;
   readonly #abort = new AbortController();
   readonly #ensured = new Set<string>();
   readonly #invalidTenants = new Set<string>();
@@ -91,6 +137,7 @@ export class OutboxRelay implements Service {
     this.#kafka = kafka;
     this.#opts = opts;
     this.#log = opts.log;
+    this.#maxBytes = opts.topics.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   }
 
   /** Starts shipping in the background; never waits on Postgres or Kafka. */
@@ -153,43 +200,151 @@ export class OutboxRelay implements Service {
   /** Ships one batch: whether it was full, and whether anything was published. */
   async #shipBatch(): Promise<{ full: boolean; published: boolean }> {
     let failure: unknown;
-    let published = false;
+    const batch = { published: false, parked: [] as Parked[] };
     const full = await this.#inPhase("database", () =>
       this.#sql.begin(async (tx) => {
         const events = await claimPendingEvents(tx, this.#opts.batchSize);
         if (events.length === 0) return false;
         try {
           const shippable = await this.#ensureTopics(events);
-          const outgoing = shippable.map((event) => ({ event, message: toMessage(event) }));
-          for (const chunk of chunks(outgoing)) {
-            await this.#publish(chunk.map((o) => o.message));
-            // Only what the broker acknowledged is marked; a later chunk's
-            // failure leaves its rows (and everything after) pending.
-            await markPublished(tx, chunk.map((o) => o.event));
-            published = true;
+          const outgoing = shippable.map((event) => {
+            const message = toMessage(event);
+            return { event, message, bytes: recordBatchBytes(message) };
+          });
+          const chunkBytes = Math.min(CHUNK_BYTES, this.#maxBytes);
+          // Runs with a parked event in this batch, by run key: the seq parked.
+          const parkedRuns = new Map<string, number>();
+          for (const chunk of chunks(outgoing, chunkBytes)) {
+            await this.#deliver(tx, chunk, parkedRuns, batch);
           }
         } catch (error) {
-          // Kafka failed: commit what was acknowledged, then report. A
-          // database error instead rolls the whole batch back (what was sent
-          // goes again: at least once).
+          // Kafka failed: commit what was acknowledged (and parked), then
+          // report. A database error instead rolls the whole batch back
+          // (what was sent goes again: at least once).
           if (!(error instanceof PhaseError && error.phase === "kafka")) throw error;
           failure = error;
         }
-        this.#log.debug("batch shipped", { events: events.length, published });
+        this.#log.debug("batch shipped", { events: events.length, published: batch.published });
         return events.length >= this.#opts.batchSize;
       }));
+    // Reached only when the transaction committed: a rolled-back park is no park.
+    this.#reportParked(batch.parked);
     if (failure !== undefined) throw failure;
-    return { full, published };
+    return { full, published: batch.published };
+  }
+
+  /**
+   * Sends `items` (in seq order per run) and marks them published; parks
+   * those that cannot go. A send the broker refuses for a permanent reason is
+   * split in halves, each sent (or split again) in turn, until the refused
+   * event is alone and parked: everything before it was acknowledged first
+   * and everything after it is sent after, so per-run order holds. Any other
+   * failure is thrown: the broker may be down, so wait and retry.
+   */
+  async #deliver(
+    tx: TransactionSql,
+    items: Outgoing[],
+    parkedRuns: Map<string, number>,
+    batch: { published: boolean; parked: Parked[] },
+  ): Promise<void> {
+    const park = async (list: Parked[]) => {
+      await this.#inPhase("database", () =>
+        parkEvents(
+          tx,
+          list.map((p) => ({
+            tenant_id: p.event.tenant_id,
+            event_id: p.event.event_id,
+            reason: p.reason,
+          })),
+        ));
+      for (const p of list) parkedRuns.set(runKey(p.event), p.follows ?? p.event.seq);
+      batch.parked.push(...list);
+    };
+    const live: Outgoing[] = [];
+    const stay: Parked[] = [];
+    for (const item of items) {
+      const e = item.event;
+      const follows = parkedRuns.get(runKey(e)) ??
+        (e.parked_seq !== null && e.seq > e.parked_seq ? e.parked_seq : undefined);
+      if (follows !== undefined) {
+        stay.push({
+          event: e,
+          bytes: item.bytes,
+          reason: `follows parked seq ${follows}`,
+          follows,
+        });
+        // Parked at once, so the next item of its run sees it.
+        parkedRuns.set(runKey(e), follows);
+      } else if (item.bytes > this.#maxBytes) {
+        const reason = `${item.bytes} bytes exceeds EVENTS_MAX_MESSAGE_BYTES ` +
+          `(${this.#maxBytes})`;
+        stay.push({ event: e, bytes: item.bytes, reason });
+        parkedRuns.set(runKey(e), e.seq);
+      } else {
+        live.push(item);
+      }
+    }
+    if (stay.length > 0) await park(stay);
+    if (live.length === 0) return;
+    try {
+      await this.#publish(live.map((o) => o.message));
+    } catch (error) {
+      const permanent = permanentRecordError(error);
+      if (permanent === undefined) throw error;
+      if (live.length === 1) {
+        const [item] = live;
+        await park([{
+          event: item.event,
+          bytes: item.bytes,
+          reason: `broker refused it: ${permanent}`,
+        }]);
+        return;
+      }
+      const half = Math.ceil(live.length / 2);
+      await this.#deliver(tx, live.slice(0, half), parkedRuns, batch);
+      await this.#deliver(tx, live.slice(half), parkedRuns, batch);
+      return;
+    }
+    // Only what the broker acknowledged is marked; a later chunk's failure
+    // leaves its rows (and everything after) pending.
+    await markPublished(tx, live.map((o) => o.event));
+    batch.published = true;
+  }
+
+  /** One log line per parked event, and the metric, after its batch committed. */
+  #reportParked(parked: Parked[]) {
+    if (parked.length === 0) return;
+    for (const p of parked) {
+      const fields = {
+        tenant: p.event.tenant_id,
+        run_id: p.event.run_id,
+        seq: p.event.seq,
+        event_id: p.event.event_id,
+        type: p.event.type,
+        bytes: p.bytes,
+        reason: p.reason,
+      };
+      if (p.follows === undefined) {
+        this.#log.error(
+          "event parked: it can never be published as it is; its run's later events wait behind it",
+          fields,
+        );
+      } else {
+        this.#log.warn("event parked behind an earlier parked event of its run", fields);
+      }
+    }
+    this.#opts.hooks?.onParked?.(parked.length);
   }
 
   /** Declares the events topic of every tenant not seen yet; returns the events that may be sent. */
-  async #ensureTopics(events: PendingEvent[]): Promise<PendingEvent[]> {
+  async #ensureTopics(events: ClaimedEvent[]): Promise<ClaimedEvent[]> {
     const tenants = new Set(events.map((e) => e.tenant_id));
     for (const tenant of tenants) {
       if (this.#ensured.has(tenant) || this.#invalidTenants.has(tenant)) continue;
-      let topic: string;
+      let topic: TopicSpec;
       try {
-        topic = eventsTopic(tenant);
+        // The events topic only: dispatch topics are the publishers' to declare.
+        topic = tenantTopicSpecs(tenant, this.#opts.topics)[0];
       } catch (error) {
         // Cannot be a topic name: leave its rows pending rather than fail every batch.
         this.#invalidTenants.add(tenant);
@@ -199,13 +354,7 @@ export class OutboxRelay implements Service {
         });
         continue;
       }
-      await this.#inPhase("kafka", () =>
-        this.#kafka.admin.createTopics([{
-          name: topic,
-          partitions: this.#opts.topics.partitions,
-          replicationFactor: this.#opts.topics.replicationFactor,
-          configs: { "retention.ms": String(this.#opts.topics.retentionMs) },
-        }]));
+      await this.#inPhase("kafka", () => this.#kafka.admin.createTopics([topic]));
       this.#ensured.add(tenant);
     }
     if (this.#invalidTenants.size === 0) return events;
@@ -340,19 +489,22 @@ export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array
   };
 }
 
+function runKey(e: PendingEvent): string {
+  return `${e.tenant_id}/${e.run_id}`;
+}
+
 /**
- * Splits a batch into sends of at most about CHUNK_BYTES. They are sent one
+ * Splits a batch into sends of at most about `limit` bytes. They are sent one
  * after another, each acknowledged before the next, so a run cut in two
  * still arrives in seq order.
  */
-function chunks(items: Outgoing[]): Outgoing[][] {
+function chunks(items: Outgoing[], limit: number): Outgoing[][] {
   const out: Outgoing[][] = [];
   let current: Outgoing[] = [];
   let bytes = 0;
   for (const item of items) {
-    // Key, headers and record overhead are a few hundred bytes; the value dominates.
-    const size = 300 + item.message.value.byteLength;
-    if (current.length > 0 && bytes + size > CHUNK_BYTES) {
+    const size = item.bytes;
+    if (current.length > 0 && bytes + size > limit) {
       out.push(current);
       current = [];
       bytes = 0;

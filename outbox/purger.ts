@@ -2,7 +2,7 @@
  * The outbox purger, a maintenance service in the manner of River's: every
  * `intervalMs` it deletes `work_events` rows published more than
  * `retentionMs` ago, in batches of `batchSize` so no statement holds its
- * locks for long. Pending rows are never deleted, however old. It shares
+ * locks for long. Pending and parked rows are never deleted, however old. It shares
  * nothing with publishing but the pool, so it runs beside the publisher
  * rather than inside its loop.
  */

@@ -16,10 +16,11 @@ import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outb
 import { OutboxRelay } from "../outbox/publisher.ts";
 import { silentLogger } from "../core/log.ts";
 import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
-import { createAdmin } from "../kafka/admin.ts";
+import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
+import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { type EventMessage, parseEventMessage } from "../contracts/events.ts";
-import { eventMessageKey, eventsTopic } from "../contracts/topics.ts";
+import { dispatchTopic, dlqTopic, eventMessageKey, eventsTopic } from "../contracts/topics.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   freePort,
@@ -472,4 +473,241 @@ Deno.test("outbox_relay: a bad KAFKA_BROKERS is one line naming it and exit code
   const lines = stderr.trim().split("\n");
   assert.equal(lines.length, 1, stderr);
   assert.match(lines[0], /KAFKA_BROKERS/);
+});
+
+interface ParkRow {
+  run_id: string;
+  seq: number;
+  published_at: Date | null;
+  parked_at: Date | null;
+  parked_reason: string | null;
+}
+
+async function parkState(sql: Sql, tenant: string, runId: string): Promise<ParkRow[]> {
+  return await sql<ParkRow[]>`
+    select run_id, seq, published_at, parked_at, parked_reason
+      from work_events where tenant_id = ${tenant} and run_id = ${runId} order by seq`;
+}
+
+/** Appends a `run.succeeded` event of about `bytes` bytes as seq `seq` (the worker writes such). */
+async function appendLargeEvent(
+  sql: Sql,
+  tenant: string,
+  runId: string,
+  seq: number,
+  bytes: number,
+) {
+  await sql`
+    insert into work_events (tenant_id, run_id, seq, type, payload)
+    values (${tenant}, ${runId}, ${seq}, 'run.succeeded',
+            jsonb_build_object('attempt', 1, 'result', repeat('x', ${bytes}::int)))`;
+}
+
+/** Whether every event of these runs is published. */
+async function allPublished(sql: Sql, tenant: string, runIds: string[]): Promise<boolean> {
+  const [row] = await sql<{ n: number }[]>`
+    select count(*)::int as n from work_events
+     where tenant_id = ${tenant} and run_id = any(${runIds}::uuid[]) and published_at is null`;
+  return row.n === 0;
+}
+
+/** The distinct (run_id/seq) pairs consumed. */
+function distinctEvents(got: ConsumedMessage[]): Set<string> {
+  return new Set(got.map((m) => `${m.headers["poimen-run-id"]}/${m.headers["poimen-seq"]}`));
+}
+
+/** Declares `tenant`'s events topic with a small `max.message.bytes`, as an operator might. */
+async function smallEventsTopic(admin: KafkaAdmin, tenant: string, maxBytes: number) {
+  await admin.createTopics([{
+    name: eventsTopic(tenant),
+    partitions: 3,
+    replicationFactor: 1,
+    configs: { "max.message.bytes": String(maxBytes) },
+  }]);
+}
+
+Deno.test({
+  name:
+    "outbox_relay: an event the broker refuses for good is parked and reported; later runs of its tenant and of another tenant still ship",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const [tenantA, tenantB] = [newTenant(), newTenant()];
+    const port = freePort();
+    const admin = createAdmin({ brokers: [BROKERS], clientId: "poimen-test" });
+    let proc: PoimenProcess | undefined;
+    const consumers: KafkaConsumer[] = [];
+    try {
+      // Topics of this test's own with a 4 KiB limit: a 20 KB event is "too
+      // large" without a 4 MB one. The outbox leaves existing topics as they are.
+      for (const t of [tenantA, tenantB]) {
+        await insertTenant(db.sql, t);
+        await smallEventsTopic(admin, t, 4096);
+      }
+      // The poisoned run: admitted (seq 1), a huge result (seq 2), one more event (seq 3).
+      const [poisoned] = await admitRuns(db.sql, tenantA, 1);
+      await appendLargeEvent(db.sql, tenantA, poisoned, 2, 20_000);
+      await appendEvents(db.sql, tenantA, [poisoned], 3, 3);
+      // In the same batch, another run of each tenant.
+      const early = [
+        ...await admitRuns(db.sql, tenantA, 1),
+        ...await admitRuns(db.sql, tenantB, 1),
+      ];
+
+      proc = outbox(db, { OUTBOX_METRICS_PORT: String(port) });
+      await waitFor("the early runs shipped", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return await allPublished(db.sql, tenantA, [early[0]]) &&
+          await allPublished(db.sql, tenantB, [early[1]]);
+      });
+
+      // Five new runs per tenant afterwards, three events each: all of them ship.
+      const later = { [tenantA]: [] as string[], [tenantB]: [] as string[] };
+      for (const t of [tenantA, tenantB]) {
+        later[t] = await admitRuns(db.sql, t, 5);
+        await appendEvents(db.sql, t, later[t], 2, 3);
+      }
+      await waitFor("the 30 later events shipped", async () => {
+        if (proc!.exited) throw new Error(proc!.logs().join("\n"));
+        return await allPublished(db.sql, tenantA, later[tenantA]) &&
+          await allPublished(db.sql, tenantB, later[tenantB]);
+      });
+
+      // The refused event and the one after it in its run are parked, not published.
+      const rows = await parkState(db.sql, tenantA, poisoned);
+      assert.deepEqual(rows.map((r) => [r.seq, r.published_at !== null, r.parked_at !== null]), [
+        [1, true, false],
+        [2, false, true],
+        [3, false, true],
+      ]);
+      assert.match(rows[1].parked_reason ?? "", /MESSAGE_TOO_LARGE|RECORD_LIST_TOO_LARGE/);
+      assert.equal(rows[2].parked_reason, "follows parked seq 2");
+
+      // On the topics: everything but the parked two.
+      const a = consume(eventsTopic(tenantA));
+      const b = consume(eventsTopic(tenantB));
+      consumers.push(a.consumer, b.consumer);
+      const wantA = [poisoned, early[0], ...later[tenantA]].flatMap((r) =>
+        r === poisoned
+          ? [`${r}/1`]
+          : r === early[0]
+          ? [`${r}/1`]
+          : [1, 2, 3].map((s) => `${r}/${s}`)
+      );
+      const wantB = [early[1], ...later[tenantB]].flatMap((r) =>
+        r === early[1] ? [`${r}/1`] : [1, 2, 3].map((s) => `${r}/${s}`)
+      );
+      await waitFor(
+        "every shipped event consumed",
+        () =>
+          wantA.every((k) => distinctEvents(a.got).has(k)) &&
+          wantB.every((k) => distinctEvents(b.got).has(k)),
+      );
+      assert.deepEqual([...distinctEvents(a.got)].sort(), wantA.sort());
+      assert.deepEqual([...distinctEvents(b.got)].sort(), wantB.sort());
+
+      const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+      assert.equal(sampleValue(text, "poimen_outbox_parked_events", {}), 2);
+      assert.equal(sampleValue(text, "poimen_outbox_parked_events_total", {}), 2);
+      assert.equal(sampleValue(text, "poimen_outbox_pending_events", {}), 0);
+
+      // One error line naming the parked event; no outage was ever reported.
+      const parkedLines = proc.logs().map((l) => JSON.parse(l)).filter((l) =>
+        l.level === "error" && String(l.msg).startsWith("event parked")
+      );
+      assert.equal(parkedLines.length, 1, proc.logs().join("\n"));
+      assert.equal(parkedLines[0].tenant, tenantA);
+      assert.equal(parkedLines[0].run_id, poisoned);
+      assert.equal(parkedLines[0].seq, 2);
+      assert.ok(parkedLines[0].bytes > 20_000);
+      assert.ok(!proc.logs().some((l) => l.includes('"msg":"kafka unavailable')), "not an outage");
+
+      const status = await proc.stop();
+      assert.equal(status.code, 0, proc.logs().join("\n"));
+    } finally {
+      for (const c of consumers) await c.close();
+      await proc?.stop();
+      await admin.close();
+      await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "outbox_relay: an event over EVENTS_MAX_MESSAGE_BYTES is parked unsent, and declared topics carry that limit",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const client = { brokers: [BROKERS], clientId: "poimen-test" };
+    const admin = createAdmin(client);
+    const parkedCounts: number[] = [];
+    const relay = new OutboxRelay(db.sql, {
+      createProducer: () => createProducer({ ...client, retries: 5 }),
+      admin: createAdmin(client),
+    }, {
+      batchSize: 500,
+      pollMs: 20,
+      sendTimeoutMs: 30_000,
+      retryMaxMs: 1000,
+      shutdownMs: 5000,
+      topics: { partitions: 1, replicationFactor: 1, retentionMs: 60_000, maxMessageBytes: 8192 },
+      log: silentLogger,
+      hooks: { onPublished() {}, onParked: (n) => parkedCounts.push(n) },
+    });
+    try {
+      await insertTenant(db.sql, tenant);
+      const [big, small] = await admitRuns(db.sql, tenant, 2);
+      await appendLargeEvent(db.sql, tenant, big, 2, 9000);
+      await appendLargeEvent(db.sql, tenant, small, 2, 6000);
+      await relay.start();
+      await waitFor("the small run shipped", () => allPublished(db.sql, tenant, [small]));
+      const rows = await parkState(db.sql, tenant, big);
+      assert.deepEqual(rows.map((r) => [r.seq, r.published_at !== null, r.parked_at !== null]), [
+        [1, true, false],
+        [2, false, true],
+      ]);
+      assert.match(rows[1].parked_reason ?? "", /bytes exceeds EVENTS_MAX_MESSAGE_BYTES \(8192\)/);
+      assert.deepEqual(parkedCounts, [1]);
+
+      // A later event of the parked run is parked behind it, never shipped past the gap.
+      await appendEvents(db.sql, tenant, [big], 3, 3);
+      await waitFor("the follower parked", async () => {
+        const r = await parkState(db.sql, tenant, big);
+        return r.length === 3 && r[2].parked_at !== null;
+      });
+      assert.equal((await parkState(db.sql, tenant, big))[2].published_at, null);
+      assert.equal((await parkState(db.sql, tenant, big))[2].parked_reason, "follows parked seq 2");
+
+      // The relay declared the events topic with the limit; so does ensureTenantTopics.
+      const config = await admin.topicConfig(eventsTopic(tenant), ["max.message.bytes"]);
+      assert.equal(config["max.message.bytes"], "8192");
+      const other = newTenant();
+      try {
+        await ensureTenantTopics(admin, other, {
+          partitions: 1,
+          replicationFactor: 1,
+          retentionMs: 60_000,
+          maxMessageBytes: 10_000,
+        });
+        for (
+          const [topic, want] of [
+            [eventsTopic(other), "10000"],
+            [dispatchTopic(other), "10000"],
+            [dlqTopic(other), String(10_000 + 64 * 1024)],
+          ]
+        ) {
+          const c = await admin.topicConfig(topic, ["max.message.bytes"]);
+          assert.equal(c["max.message.bytes"], want, topic);
+        }
+      } finally {
+        await admin.deleteTopics([eventsTopic(other), dispatchTopic(other), dlqTopic(other)]);
+      }
+    } finally {
+      await relay.stop();
+      await admin.close();
+      await db.drop();
+    }
+  },
 });
