@@ -86,6 +86,9 @@ export interface WorkerOptions {
   listener?: () => Sql;
 }
 
+// SQLSTATE of a cancelled statement (cancel request or statement_timeout).
+const QUERY_CANCELED = "57014";
+
 // Database errors in the loops back off from this to ten seconds.
 const DB_RETRY_BASE_MS = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
@@ -512,7 +515,10 @@ export class Worker implements Service {
           id,
           run.attempts,
           leaseMs,
-          AbortSignal.any([timeout, stop]),
+          // Not `stop`: a beat in flight when the run ends is left to finish.
+          // Cancelling is a request to the backend, which may by then run
+          // the connection's next statement; only a beat that hangs is worth it.
+          timeout,
         );
         if (stop.aborted) return;
         if (!held) {
@@ -522,7 +528,7 @@ export class Worker implements Service {
         lease.until = sentAt + leaseMs;
       } catch (err) {
         if (stop.aborted) return;
-        if (timeout.aborted) {
+        if (timeout.aborted && err === timeout.reason) {
           this.#opts.hooks.onHeartbeatTimeout?.();
           log.warn("heartbeat timed out; lease unconfirmed", {
             lease_left_ms: lease.until - Date.now(),
@@ -541,15 +547,20 @@ export class Worker implements Service {
   }
 
   /**
-   * Runs a finishing write, retrying while Postgres is unavailable and the
-   * lease lasts; after that the run is someone else's (the reclaimer's).
+   * Runs a finishing write, retrying while Postgres is unavailable (or the
+   * statement was cancelled: a statement timeout, an operator, a heartbeat's
+   * cancel that reached the connection's next statement) and the lease
+   * lasts; after that the run is someone else's (the reclaimer's). A retry
+   * is safe because every finishing write is fenced by attempt: one that was
+   * applied but whose reply was lost is refused the second time.
    */
   async #write<T>(lease: { until: number }, fn: () => Promise<T>): Promise<T | undefined> {
     for (let n = 1;; n++) {
       try {
         return await fn();
       } catch (err) {
-        if (!isUnavailable(err) || Date.now() >= lease.until) throw err;
+        const transient = isUnavailable(err) || (err as { code?: string }).code === QUERY_CANCELED;
+        if (!transient || Date.now() >= lease.until) throw err;
         this.#log.warn("finishing write failed; retrying", { error: err });
         await delay(backoffWithJitter(n, DB_RETRY_BASE_MS, SECOND));
       }
