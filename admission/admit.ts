@@ -8,6 +8,7 @@
  */
 import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
+import { delay } from "../core/time.ts";
 import { newRunId } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { isUnavailable, toDbError } from "../db/pool.ts";
@@ -59,27 +60,47 @@ export interface AdmissionOptions {
   maxConcurrent: number;
 }
 
+/**
+ * The statements a flush runs (db/admission.ts). A seam for tests, which
+ * wrap the real ones to inject a failure between them; production passes
+ * nothing and gets these.
+ */
+export interface AdmissionStatements {
+  insertRuns: typeof insertRuns;
+  selectRunsByDispatchKey: typeof selectRunsByDispatchKey;
+}
+
+const STATEMENTS: AdmissionStatements = { insertRuns, selectRunsByDispatchKey };
+
 // A key whose row vanished between the conflict and the follow-up select
 // (deleted meanwhile) is tried again; more than this many times is a bug.
 const MAX_ROUNDS = 5;
+// The follow-up select after a committed insert: tried this often, waiting
+// 50, then 100 ms, before the items it had to read fail.
+const FOLLOW_UP_ATTEMPTS = 3;
+const FOLLOW_UP_BACKOFF_MS = 50;
 
 export class Admission {
   readonly #registry: WorkflowRegistry;
   readonly #hooks: AdmissionHooks;
   readonly #batcher: Batcher<NewRun, AdmitResult>;
   readonly #sql: Sql;
+  readonly #db: AdmissionStatements;
 
   constructor(
     sql: Sql,
     registry: WorkflowRegistry,
     opts: AdmissionOptions,
     hooks: AdmissionHooks = {},
+    statements: Partial<AdmissionStatements> = {},
   ) {
     this.#sql = sql;
+    this.#db = { ...STATEMENTS, ...statements };
     this.#registry = registry;
     this.#hooks = hooks;
     this.#batcher = new Batcher((runs) => this.#flush(runs), {
-      ...opts,
+      maxBatch: opts.maxBatch,
+      maxConcurrent: opts.maxConcurrent,
       onFlush: hooks.onFlush,
     }, (err) => !isUnavailable(err));
   }
@@ -125,31 +146,61 @@ export class Admission {
     }
   }
 
+  /**
+   * One flush. Only the first insert may throw: until it committed, the batch
+   * can be retried or split by the batcher. Once it committed, the flush
+   * never throws (the batcher would run the same runs again: a keyless run's
+   * caller got a 500 for a run that exists, the primary key refusing the
+   * second insert): every item is answered from what the insert returned,
+   * and only the follow-up reads are retried. An item a later statement
+   * could not settle fails alone; it has a dispatch key (keyless items are
+   * always created by the insert), so its caller's retry is idempotent.
+   */
   async #flush(runs: NewRun[]): Promise<(AdmitResult | Error)[]> {
-    const results = new Map<NewRun, AdmitResult>();
+    const results = new Map<NewRun, AdmitResult | Error>();
     const settle = (batch: NewRun[], rows: AdmittedRow[]): NewRun[] => {
       for (const { i, created, same_body, ...run } of rows) {
         results.set(batch[i], { run, created, sameBody: same_body });
       }
       return batch.filter((r) => !results.has(r));
     };
-    const rows = await insertRuns(this.#sql, runs);
+    const rows = await this.#db.insertRuns(this.#sql, runs);
     const createdCount = rows.filter((r) => r.created).length;
     if (createdCount > 0) this.#hooks.onCreated?.(createdCount);
     let todo = settle(runs, rows);
     // Keys whose holder committed after the insert's snapshot: read them in a
     // new one. A holder deleted meanwhile leaves its key free: admit again.
-    for (let round = 0; todo.length > 0 && round < MAX_ROUNDS; round++) {
-      todo = settle(todo, await selectRunsByDispatchKey(this.#sql, todo));
-      if (todo.length === 0) break;
-      const again = await insertRuns(this.#sql, todo);
-      const n = again.filter((r) => r.created).length;
-      if (n > 0) this.#hooks.onCreated?.(n);
-      todo = settle(todo, again);
+    try {
+      for (let round = 0; todo.length > 0 && round < MAX_ROUNDS; round++) {
+        const keys = todo;
+        todo = settle(
+          todo,
+          await this.#retried(() => this.#db.selectRunsByDispatchKey(this.#sql, keys)),
+        );
+        if (todo.length === 0) break;
+        const again = await this.#db.insertRuns(this.#sql, todo);
+        const n = again.filter((r) => r.created).length;
+        if (n > 0) this.#hooks.onCreated?.(n);
+        todo = settle(todo, again);
+      }
+    } catch (err) {
+      for (const r of todo) results.set(r, err instanceof Error ? err : new Error(String(err)));
     }
     return runs.map((r) =>
       results.get(r) ??
         new PoimenError("internal", `admission of dispatch key ${r.dispatch_key} did not settle`)
     );
+  }
+
+  /** `read` (a select, safe to repeat), tried up to FOLLOW_UP_ATTEMPTS times with a short backoff. */
+  async #retried<T>(read: () => Promise<T>): Promise<T> {
+    for (let attempt = 1;; attempt++) {
+      try {
+        return await read();
+      } catch (err) {
+        if (attempt >= FOLLOW_UP_ATTEMPTS) throw err;
+        await delay(FOLLOW_UP_BACKOFF_MS * 2 ** (attempt - 1));
+      }
+    }
   }
 }

@@ -4,6 +4,12 @@
  * item flushes at once, and items that arrive while `maxConcurrent` flushes
  * are in flight wait for the next one, so batches grow exactly as fast as
  * the database is the bottleneck, and an idle system pays no added latency.
+ *
+ * A failed batch is split in halves, each flushed again through the same
+ * `maxConcurrent` slots (ahead of new items), and so on until the bad item
+ * fails alone: one poisoned item costs one failed caller and about
+ * 2·log2(batch) extra flushes, never a burst of single-item flushes beyond
+ * the pool.
  */
 
 export interface BatcherOptions {
@@ -25,14 +31,19 @@ interface Pending<T, R> {
  * `flush` gets a batch and returns one result per item, in order; it may
  * return an `Error` in an item's place to fail that item alone. When `flush`
  * throws for a batch of several and `isolate(err)` says the error may be one
- * item's fault, each item is retried alone so a bad item fails only itself.
+ * item's fault, the batch is bisected (see above) so a bad item fails only
+ * itself. `flush` must therefore throw only when nothing of the batch
+ * committed: a thrown batch is flushed again.
  */
 export class Batcher<T, R> {
   readonly #flush: (items: T[]) => Promise<(R | Error)[]>;
   readonly #isolate: (err: unknown) => boolean;
   readonly #opts: BatcherOptions;
   #queue: Pending<T, R>[] = [];
+  /** Halves of failed batches, flushed as they are, before new items. */
+  #split: Pending<T, R>[][] = [];
   #inFlight = 0;
+  #inFlightItems = 0;
 
   constructor(
     flush: (items: T[]) => Promise<(R | Error)[]>,
@@ -54,16 +65,22 @@ export class Batcher<T, R> {
 
   /** Items queued or in flight. */
   get pending(): number {
-    return this.#queue.length + this.#inFlight;
+    return this.#queue.length + this.#split.reduce((n, b) => n + b.length, 0) +
+      this.#inFlightItems;
   }
 
   #pump(): void {
-    while (this.#inFlight < this.#opts.maxConcurrent && this.#queue.length > 0) {
-      const batch = this.#queue.splice(0, this.#opts.maxBatch);
+    while (
+      this.#inFlight < this.#opts.maxConcurrent &&
+      (this.#split.length > 0 || this.#queue.length > 0)
+    ) {
+      const batch = this.#split.shift() ?? this.#queue.splice(0, this.#opts.maxBatch);
       this.#inFlight++;
+      this.#inFlightItems += batch.length;
       this.#opts.onFlush?.(batch.length);
       this.#run(batch).finally(() => {
         this.#inFlight--;
+        this.#inFlightItems -= batch.length;
         this.#pump();
       });
     }
@@ -79,7 +96,9 @@ export class Batcher<T, R> {
       });
     } catch (err) {
       if (batch.length > 1 && this.#isolate(err)) {
-        await Promise.all(batch.map((p) => this.#run([p])));
+        // Queued, not run here: the halves wait for a slot like any flush.
+        const half = Math.ceil(batch.length / 2);
+        this.#split.unshift(batch.slice(0, half), batch.slice(half));
       } else {
         for (const p of batch) p.reject(err);
       }

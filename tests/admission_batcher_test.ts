@@ -157,7 +157,7 @@ Deno.test("batcher: an Error in one item's place fails that item only", async ()
   assert.equal(h.calls.length, 2, "no retry: the flush itself succeeded");
 });
 
-Deno.test("batcher: a failed batch is retried item by item, so only the bad item fails", async () => {
+Deno.test("batcher: a failed batch is bisected until the bad item fails alone", async () => {
   const h = heldFlush<string, string>();
   const isolated: unknown[] = [];
   const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 1 }, (err) => {
@@ -174,21 +174,58 @@ Deno.test("batcher: a failed batch is retried item by item, so only the bad item
   assert.deepEqual(batch.items, ["a", "bad", "c"]);
   batch.fail(batchError);
 
-  // Each item again, on its own.
-  const alone = [await h.next(), await h.next(), await h.next()];
-  assert.deepEqual(isolated, [batchError], "isolate() was asked about the batch's error");
-  assert.deepEqual(alone.map((c) => c.items), [["a"], ["bad"], ["c"]]);
+  // Halves, one at a time through the one slot: [a, bad] fails again and is halved too.
   const badError = new Error("bad violates the check");
-  for (const call of alone) {
-    if (call.items[0] === "bad") call.fail(badError);
-    else call.finish([`${call.items[0]}!`]);
+  const seen: string[][] = [];
+  while (seen.length < 4) {
+    const call = await h.next();
+    seen.push(call.items);
+    if (call.items.includes("bad")) call.fail(badError);
+    else call.finish(call.items.map((s) => `${s}!`));
   }
+  assert.deepEqual(seen, [["a", "bad"], ["a"], ["bad"], ["c"]]);
+  assert.deepEqual(isolated, [batchError, badError], "isolate() was asked about each failure");
   assert.deepEqual(await Promise.all(results), [
     { value: "a!" },
     { error: badError },
     { value: "c!" },
   ]);
-  assert.equal(h.calls.length, 5);
+  assert.equal(h.calls.length, 6);
+  await settle();
+  assert.equal(batcher.pending, 0);
+});
+
+Deno.test("batcher: isolating a poisoned item stays within maxConcurrent and costs one caller", async () => {
+  const h = heldFlush<number, number>();
+  const maxConcurrent = 2;
+  const batcher = new Batcher(h.flush, { maxBatch: 64, maxConcurrent });
+  // Two blockers take both slots; 64 items behind them form one batch with one poisoned item.
+  const blockers = [batcher.submit(-1), batcher.submit(-2)];
+  const results = Array.from({ length: 64 }, (_, i) => outcome(batcher.submit(i)));
+  for (let i = 0; i < 2; i++) {
+    const call = await h.next();
+    call.finish(double(call.items));
+  }
+  await Promise.all(blockers);
+  const poison = new Error("item 37 is poisoned");
+  let answered = 0;
+  while (answered < 64) {
+    const call = await h.next();
+    // Answer asynchronously, so several flushes may be in flight if the batcher let them.
+    await settle();
+    if (call.items.includes(37)) call.fail(poison);
+    else {
+      answered += call.items.length;
+      call.finish(double(call.items));
+    }
+    if (call.items.length === 1 && call.items[0] === 37) answered++;
+  }
+  const got = await Promise.all(results);
+  assert.deepEqual(got.filter((r) => "error" in r), [{ error: poison }], "one caller fails");
+  assert.equal(got.filter((r) => "value" in r).length, 63);
+  assert.ok(h.maxInFlight <= maxConcurrent, `${h.maxInFlight} flushes in flight at once`);
+  // 2 blockers + the batch + 2 per halving level (log2 64 = 6): not 64 singles.
+  assert.ok(h.calls.length <= 2 + 1 + 2 * 6, `${h.calls.length} flushes`);
   await settle();
   assert.equal(batcher.pending, 0);
 });
