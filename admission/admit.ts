@@ -20,7 +20,7 @@ import {
 } from "../db/admission.ts";
 import type { RunRow } from "../db/runs.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
-import type { RunRequest } from "../contracts/runs.ts";
+import { formatPath, type RunRequest } from "../contracts/runs.ts";
 import { Batcher } from "./batcher.ts";
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
@@ -122,7 +122,7 @@ export class Admission {
     if (!parsed.success) {
       throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
         errors: parsed.error.issues.map((i: z.core.$ZodIssue) => ({
-          path: ["input", ...i.path.map(String)].join("."),
+          path: formatPath(["input", ...i.path]),
           message: i.message,
         })),
       });

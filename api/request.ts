@@ -2,18 +2,23 @@
 import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { z } from "zod";
-import { PoimenError } from "../core/errors.ts";
+import { type FieldError, PoimenError } from "../core/errors.ts";
+import { formatPath } from "../contracts/runs.ts";
 
 /**
- * Refuses a body that is not JSON by its content type (415). Runs before
- * the size limit, so a large body of the wrong type is told its type.
+ * Refuses a body that is not JSON by its content type (415): the type must be
+ * `application/json` or `application/<x>+json`, and a `charset`, if any,
+ * UTF-8 (JSON has no other encoding, RFC 8259). Runs before the size limit,
+ * so a large body of the wrong type is told its type.
  */
 export const requireJson: MiddlewareHandler = async (c, next) => {
   const type = c.req.header("content-type") ?? "";
-  if (!/^application\/([a-z0-9.+-]+\+)?json\s*(;|$)/i.test(type)) {
+  const m = /^\s*application\/(?:[a-z0-9.+-]+\+)?json\s*(;.*)?$/is.exec(type);
+  const charset = /;\s*charset\s*=\s*"?([^";\s]*)"?/i.exec(m?.[1] ?? "")?.[1];
+  if (!m || (charset !== undefined && !/^utf-?8$/i.test(charset))) {
     throw new PoimenError(
       "unsupported-media-type",
-      `content type ${JSON.stringify(type)} is not JSON`,
+      `content type ${JSON.stringify(type)} is not JSON in UTF-8`,
     );
   }
   await next();
@@ -50,14 +55,69 @@ export async function parseJsonBody(c: Context): Promise<unknown> {
   }
 }
 
-/** Validates `value` with `schema`; a mismatch is a 422 listing every failing field. */
-export function parseWith<S extends z.ZodType>(schema: S, value: unknown): z.infer<S> {
+/** Validates `value` with `schema`; a mismatch is a 422 listing the failing fields (at most 20). */
+export function parseWith<S extends z.ZodType>(
+  schema: S,
+  value: unknown,
+  root = "(body)",
+): z.infer<S> {
   const r = schema.safeParse(value);
   if (r.success) return r.data;
+  const errors: FieldError[] = [];
+  for (const i of r.error.issues) {
+    // One entry per unknown field, at its own path, rather than one at the root.
+    const paths = i.code === "unrecognized_keys" ? i.keys.map((k) => [...i.path, k]) : [i.path];
+    for (const path of paths) {
+      errors.push({
+        path: formatPath(path) || root,
+        message: i.code === "unrecognized_keys" ? "unknown field" : i.message,
+      });
+    }
+  }
   throw new PoimenError("validation", "the request does not match the schema", {
-    errors: r.error.issues.map((i) => ({
-      path: i.path.map(String).join(".") || "(body)",
-      message: i.message,
-    })),
+    errors: errors.slice(0, 20),
   });
+}
+
+/**
+ * Parses the query string itself, strictly: `+` is a space, every name and
+ * value must be percent-encoded UTF-8, and a parameter given twice is
+ * refused, so no filter is silently ignored. Then validates it with
+ * `schema` (422 naming the parameter).
+ */
+export function parseQuery<S extends z.ZodType>(c: Context, schema: S): z.infer<S> {
+  const url = c.req.url;
+  const at = url.indexOf("?");
+  const raw = at < 0 ? "" : url.slice(at + 1).replace(/#.*$/s, "");
+  const params: Record<string, string> = {};
+  const errors: FieldError[] = [];
+  for (const part of raw.split("&")) {
+    if (part === "") continue;
+    const eq = part.indexOf("=");
+    const name = decode(eq < 0 ? part : part.slice(0, eq));
+    const value = decode(eq < 0 ? "" : part.slice(eq + 1));
+    if (name === undefined) {
+      errors.push({ path: "(query)", message: "a parameter name is not percent-encoded UTF-8" });
+    } else if (value === undefined) {
+      errors.push({ path: formatPath([name]), message: "not percent-encoded UTF-8" });
+    } else if (Object.hasOwn(params, name)) {
+      errors.push({ path: formatPath([name]), message: "given more than once" });
+    } else params[name] = value;
+  }
+  if (errors.length > 0) {
+    throw new PoimenError("validation", "the query string is malformed", {
+      errors: errors.slice(0, 20),
+    });
+  }
+  return parseWith(schema, params, "(query)");
+}
+
+// undefined when not valid percent-encoded UTF-8 (decodeURIComponent also
+// refuses encoded lone surrogates, which are not UTF-8 either).
+function decode(s: string): string | undefined {
+  try {
+    return decodeURIComponent(s.replaceAll("+", " "));
+  } catch {
+    return undefined;
+  }
 }

@@ -5,9 +5,9 @@ import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { type RunRow, selectRun, selectRuns } from "../db/runs.ts";
 import type { Admission } from "../admission/admit.ts";
-import { HEADERS, ListRunsQuery, type Run, RunRequest } from "../contracts/runs.ts";
+import { HEADERS, ListRunsQuery, type Run, RunRequest, SourceHeader } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
-import { limitBody, parseJsonBody, parseWith, requireJson } from "./request.ts";
+import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
 
 export interface RunsDeps {
@@ -84,7 +84,9 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     const principal = c.get("principal");
     // Only a service token (the relay) may say where a request came from.
     const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
-    const source = claimed && claimed.length <= 300 ? claimed : `http:${principal.name}`;
+    const source = claimed === undefined
+      ? `http:${principal.name}`
+      : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
     const result = await admission.admit(body, {
       tenantId: principal.tenantId,
       source,
@@ -114,7 +116,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   });
 
   app.get("/", async (c) => {
-    const q = parseWith(ListRunsQuery, c.req.query());
+    const q = parseQuery(c, ListRunsQuery);
     const rows = await selectRuns(sql, c.get("principal").tenantId, {
       goalId: q.goal_id,
       dispatchKey: q.dispatch_key,

@@ -24,17 +24,21 @@ let sql: Sql;
 let app: ReturnType<typeof createApp>;
 let acme: string, globex: string, relay: string;
 
-async function setUp() {
-  db = await freshDatabase();
-  sql = db.sql;
-  app = createApp({
+function makeApp(bodyLimit: number) {
+  return createApp({
     sql,
     admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
     auth: new Authenticator(sql, 30_000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
-    bodyLimit: 4096,
+    bodyLimit,
   });
+}
+
+async function setUp() {
+  db = await freshDatabase();
+  sql = db.sql;
+  app = makeApp(4096);
   acme = await token("tenant", "acme");
   globex = await token("tenant", "globex");
   relay = await token("service", "relay");
@@ -233,6 +237,130 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
       ),
   );
   assert.deepEqual(await counts(), start);
+}]);
+
+CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", async (t) => {
+  // Raw JSON texts: what a client sends, escapes and all.
+  const bodies: [string, string, string][] = [
+    ["NUL in a string input", '{"workflow_ref":"echo","input":"\\u0000"}', "input"],
+    ["a lone high surrogate", '{"workflow_ref":"echo","input":"\\ud800"}', "input"],
+    ["a lone low surrogate", '{"workflow_ref":"echo","input":"a\\udc00b"}', "input"],
+    [
+      "NUL deep in an array",
+      '{"workflow_ref":"echo","input":{"a":{"b":[0,1,2,"x\\u0000"]}}}',
+      "input.a.b[3]",
+    ],
+    [
+      "NUL in an object key",
+      '{"workflow_ref":"echo","input":{"a":{"k\\u0000":1}}}',
+      'input.a["k\\u0000"]',
+    ],
+    [
+      "a lone surrogate in a key",
+      '{"workflow_ref":"echo","input":[{"\\ud800":1}]}',
+      'input[0]["\\ud800"]',
+    ],
+    ["a number over the double range", '{"workflow_ref":"echo","input":{"n":1e400}}', "input.n"],
+    ["a negative number over the range", '{"workflow_ref":"echo","input":[-1e400]}', "input[0]"],
+    [
+      "nesting deeper than the limit",
+      `{"workflow_ref":"echo","input":${"[".repeat(65)}${"]".repeat(65)}}`,
+      "input" + "[0]".repeat(64),
+    ],
+    ["NUL in dispatch_key", '{"workflow_ref":"echo","dispatch_key":"k\\u0000"}', "dispatch_key"],
+    ["a lone surrogate in goal_id", '{"workflow_ref":"echo","goal_id":"\\ud800"}', "goal_id"],
+  ];
+  for (const [what, text, path] of bodies) {
+    await t.step(`${what}: 422 at ${path}`, async () => {
+      const body = await refused(req(text), 422, "validation");
+      assert.equal(body.retryable, false);
+      assert.ok(
+        body.errors.some((e: { path: string }) => e.path === path),
+        `no error at ${path}: ${JSON.stringify(body.errors)}`,
+      );
+    });
+  }
+  await t.step("nesting 100,000 deep: a 4xx problem, the process unharmed", async () => {
+    const deep = `{"workflow_ref":"echo","input":${"[".repeat(100_000)}${"]".repeat(100_000)}}`;
+    // The default body limit (1 MiB), so that the depth check is what refuses it.
+    const big = makeApp(1 << 20).request("/v1/runs", {
+      method: "POST",
+      body: deep,
+      headers: { authorization: `Bearer ${acme}`, "content-type": "application/json" },
+    });
+    await refused(big, 422, "validation");
+  });
+  await t.step("nesting at the limit is admitted and read back as sent", async () => {
+    const input = JSON.parse(`${"[".repeat(63)}{"x":1}${"]".repeat(63)}`);
+    const r = await req(JSON.stringify({ workflow_ref: "echo", input }));
+    assert.equal(r.status, 201);
+    const run = await r.json();
+    const got = await (await app.request(`/v1/runs/${run.run_id}`, {
+      headers: { authorization: `Bearer ${acme}` },
+    })).json();
+    assert.deepEqual(got.input, input);
+  });
+  const auth = { headers: { authorization: `Bearer ${acme}` } };
+  const queries: [string, string][] = [
+    ["goal_id=%00", "goal_id"],
+    ["dispatch_key=%00", "dispatch_key"],
+    ["dispatch_key=a%0Ab", "dispatch_key"],
+    ["goal_id=%ED%A0%80", "goal_id"],
+    ["limit=abc", "limit"],
+    ["limit=0x10", "limit"],
+    ["limit=1e2", "limit"],
+    ["limit=", "limit"],
+    ["cursor=%00", "cursor"],
+    ["cursor=%F0%9F%92%A9%F0%9F%92%A9", "cursor"],
+    ["status=queued&status=running", "status"],
+    ["limit=5&limit=6", "limit"],
+  ];
+  for (const [q, path] of queries) {
+    await t.step(`GET /v1/runs?${q}: 422 at ${path}`, async () => {
+      const body = await refused(app.request(`/v1/runs?${q}`, auth), 422, "validation");
+      assert.ok(
+        body.errors.some((e: { path: string }) => e.path === path),
+        `no error at ${path}: ${JSON.stringify(body.errors)}`,
+      );
+    });
+  }
+  for (const id of ["%00", "not-a-uuid", "%ED%A0%80", "%", "..%2F..%2Fetc", "x".repeat(5000)]) {
+    await t.step(
+      `GET /v1/runs/${id.slice(0, 20)}: 404`,
+      () => refused(app.request(`/v1/runs/${id}`, auth), 404, "not-found"),
+    );
+  }
+  await t.step(
+    "body bytes that are not UTF-8: 400",
+    () => refused(req(new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d])), 400, "bad-json"),
+  );
+  await t.step("a charset other than UTF-8: 415", () =>
+    refused(
+      req('{"workflow_ref":"echo"}', { "content-type": "application/json; charset=latin1" }),
+      415,
+      "unsupported-media-type",
+    ));
+  const service = async (headers: Record<string, string>, status: number, code: ErrorCode) =>
+    await refused(
+      req('{"workflow_ref":"echo"}', { authorization: `Bearer ${relay}`, ...headers }),
+      status,
+      code,
+    );
+  await t.step("service token: a garbage Poimen-Tenant is a 403", async () => {
+    for (const tenant of ["", " ", "ACME", "a\tb", "\u00ff\u00fe", "x".repeat(4000)]) {
+      await service({ "poimen-tenant": tenant }, 403, "forbidden");
+    }
+  });
+  await t.step("service token: a garbage Poimen-Source is a 422 naming the header", async () => {
+    for (const source of ["\u00ff\u0080", "a\tb", "x".repeat(301)]) {
+      const body = await service(
+        { "poimen-tenant": "globex", "poimen-source": source },
+        422,
+        "validation",
+      );
+      assert.equal(body.errors[0].path, "header.Poimen-Source");
+    }
+  });
 }]);
 
 CASES.push(["api auth rules", async (t) => {

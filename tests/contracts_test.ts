@@ -1,7 +1,7 @@
 /** The wire contracts: one definition each, and the code that speaks them agrees with it. */
 import assert from "node:assert/strict";
 import { EventMessage, parseEventMessage } from "../contracts/events.ts";
-import { RunRequest } from "../contracts/runs.ts";
+import { formatPath, jsonProblems, MAX_JSON_DEPTH, RunRequest } from "../contracts/runs.ts";
 import {
   DISPATCH_TOPIC_PATTERN,
   dispatchTopic,
@@ -86,4 +86,45 @@ Deno.test("contracts: the outbox's event message parses with the event contract 
   const value = JSON.parse(new TextDecoder().decode(m.value));
   assert.throws(() => parseEventMessage(JSON.stringify({ ...value, event_id: "42" })));
   assert.equal(EventMessage.safeParse({}).success, false);
+});
+
+Deno.test("contracts: jsonProblems finds what jsonb cannot store, each at its path", () => {
+  assert.deepEqual(jsonProblems({ a: [1, "ok", { b: "x\u0000" }], n: 1e300, t: true }), [{
+    path: ["a", 2, "b"],
+    message: "contains NUL (U+0000)",
+  }]);
+  assert.deepEqual(jsonProblems(["\ud800", "\udc00\ud800", "\ud83d\ude00"]).map((p) => p.path), [
+    [0],
+    [1],
+  ]);
+  assert.deepEqual(jsonProblems({ "k\u0000": 1 }).map((p) => p.path), [["k\u0000"]]);
+  assert.deepEqual(jsonProblems([JSON.parse("1e400"), -Infinity, NaN]).map((p) => p.path), [
+    [0],
+    [1],
+    [2],
+  ]);
+  assert.deepEqual(jsonProblems(10n), [{ path: [], message: "a bigint is not JSON" }]);
+});
+
+Deno.test("contracts: nesting is bounded, and checking a very deep value cannot overflow the stack", () => {
+  const nest = (n: number) => JSON.parse("[".repeat(n) + "]".repeat(n));
+  assert.deepEqual(jsonProblems(nest(MAX_JSON_DEPTH)), []);
+  const [p] = jsonProblems(nest(MAX_JSON_DEPTH + 1));
+  assert.equal(p.path.length, MAX_JSON_DEPTH);
+  assert.equal(jsonProblems(nest(1_000_000)).length, 1);
+  assert.equal(
+    RunRequest.safeParse({ workflow_ref: "echo", input: nest(200_000) }).success,
+    false,
+  );
+});
+
+Deno.test("contracts: jsonProblems reports a bounded number of problems", () => {
+  assert.equal(jsonProblems(Array(10_000).fill("\u0000")).length, 20);
+});
+
+Deno.test("contracts: field paths read like code and keep hostile keys visible", () => {
+  assert.equal(formatPath(["input", "a", "b", 3]), "input.a.b[3]");
+  assert.equal(formatPath(["input", "a b", "\u0000", "0"]), 'input["a b"]["\\u0000"]["0"]');
+  assert.equal(formatPath([0, "x"]), "[0].x");
+  assert.equal(formatPath([]), "");
 });
