@@ -6,7 +6,7 @@
  * against the schema first; `--raw` publishes it unchecked (to try the
  * relay's dead-lettering). Prints `topic partition offset`.
  */
-import { RunRequest } from "../contracts/runs.ts";
+import { formatPath, RunRequest } from "../contracts/runs.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { dispatchMessageKey, dispatchTopic, isTenantId } from "../contracts/topics.ts";
 import { KafkaCliEnv, readKafkaCliConfig } from "./kafka_config.ts";
@@ -46,7 +46,7 @@ export async function main(argv: string[]): Promise<number> {
     const parsed = RunRequest.safeParse(body);
     if (!parsed.success) {
       const i = parsed.error.issues[0];
-      console.error(`dispatch: ${i.path.join(".") || "body"}: ${i.message}`);
+      console.error(`dispatch: ${formatPath(i.path) || "body"}: ${i.message}`);
       return 65;
     }
     dispatchKey = parsed.data.dispatch_key ?? undefined;
