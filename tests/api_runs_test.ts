@@ -272,7 +272,7 @@ CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", asyn
   ];
   for (const [what, text, path] of bodies) {
     await t.step(`${what}: 422 at ${path}`, async () => {
-      const body = await refused(req(text), 422, "validation");
+      const body = await refused(() => req(text), 422, "validation");
       assert.equal(body.retryable, false);
       assert.ok(
         body.errors.some((e: { path: string }) => e.path === path),
@@ -283,11 +283,12 @@ CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", asyn
   await t.step("nesting 100,000 deep: a 4xx problem, the process unharmed", async () => {
     const deep = `{"workflow_ref":"echo","input":${"[".repeat(100_000)}${"]".repeat(100_000)}}`;
     // The default body limit (1 MiB), so that the depth check is what refuses it.
-    const big = makeApp(1 << 20).request("/v1/runs", {
-      method: "POST",
-      body: deep,
-      headers: { authorization: `Bearer ${acme}`, "content-type": "application/json" },
-    });
+    const big = () =>
+      makeApp(1 << 20).request("/v1/runs", {
+        method: "POST",
+        body: deep,
+        headers: { authorization: `Bearer ${acme}`, "content-type": "application/json" },
+      });
     await refused(big, 422, "validation");
   });
   await t.step("nesting at the limit is admitted and read back as sent", async () => {
@@ -317,7 +318,7 @@ CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", asyn
   ];
   for (const [q, path] of queries) {
     await t.step(`GET /v1/runs?${q}: 422 at ${path}`, async () => {
-      const body = await refused(app.request(`/v1/runs?${q}`, auth), 422, "validation");
+      const body = await refused(() => app.request(`/v1/runs?${q}`, auth), 422, "validation");
       assert.ok(
         body.errors.some((e: { path: string }) => e.path === path),
         `no error at ${path}: ${JSON.stringify(body.errors)}`,
@@ -327,22 +328,22 @@ CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", asyn
   for (const id of ["%00", "not-a-uuid", "%ED%A0%80", "%", "..%2F..%2Fetc", "x".repeat(5000)]) {
     await t.step(
       `GET /v1/runs/${id.slice(0, 20)}: 404`,
-      () => refused(app.request(`/v1/runs/${id}`, auth), 404, "not-found"),
+      () => refused(() => app.request(`/v1/runs/${id}`, auth), 404, "not-found"),
     );
   }
   await t.step(
     "body bytes that are not UTF-8: 400",
-    () => refused(req(new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d])), 400, "bad-json"),
+    () => refused(() => req(new Uint8Array([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d])), 400, "bad-json"),
   );
   await t.step("a charset other than UTF-8: 415", () =>
     refused(
-      req('{"workflow_ref":"echo"}', { "content-type": "application/json; charset=latin1" }),
+      () => req('{"workflow_ref":"echo"}', { "content-type": "application/json; charset=latin1" }),
       415,
       "unsupported-media-type",
     ));
   const service = async (headers: Record<string, string>, status: number, code: ErrorCode) =>
     await refused(
-      req('{"workflow_ref":"echo"}', { authorization: `Bearer ${relay}`, ...headers }),
+      () => req('{"workflow_ref":"echo"}', { authorization: `Bearer ${relay}`, ...headers }),
       status,
       code,
     );
