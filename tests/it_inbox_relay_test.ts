@@ -825,8 +825,4 @@ relayTest(
     assert.equal(letter.headers["poimen-dlq-reason"], "validation");
     assert.equal(letter.headers["poimen-dlq-status"], "422");
   },
-  // Until POST /v1/runs answers 422 validation for a NUL in the input (issue 9,
-  // defect 1; today it answers 500, which the relay rightly retries forever),
-  // this test cannot pass. Drop `pending` once that lands.
-  { pending: "the API's 422 for NUL input (issue 9 defect 1)" },
 );
