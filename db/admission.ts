@@ -43,14 +43,16 @@ const SAME_BODY = `(r.workflow_ref = q.workflow_ref
   and r.goal_id is not distinct from q.goal_id)`;
 
 /**
- * The run holding `q`'s key, as a lateral subquery: one probe of the unique
- * index per request. As a plain join, a table whose statistics lag behind
- * its growth (a young table, before autovacuum's first analyze) was planned
- * as a sequential scan per batch, and admission slowed as the table grew.
+ * The run holding `q`'s key, as a lateral subquery: one probe of
+ * `runs_dispatch_key_uq` per request. The tenant is compared in collation
+ * "C", the unique index's, so no other index can serve the probe (see
+ * migrations/003): on a table without statistics the planner once costed
+ * the tenant's status index the same, kept that plan in the prepared
+ * statement, and filtered the tenant's runs row by row as the table grew.
  */
 function holder(sql: Sql) {
   return sql`select * from runs r
-              where r.tenant_id = q.tenant_id and r.dispatch_key = q.dispatch_key
+              where r.tenant_id collate "C" = q.tenant_id and r.dispatch_key = q.dispatch_key
                 and r.dispatch_key is not null
               limit 1`;
 }

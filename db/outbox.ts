@@ -155,10 +155,17 @@ export async function outboxStats(sql: Sql): Promise<OutboxStats> {
 }
 
 /**
- * Deletes up to `limit` events published more than `retentionMs` ago;
- * returns how many. Pending rows are never touched (`published_at` is null).
- * SKIP LOCKED lets several relay processes purge at once without queueing
- * behind each other.
+ * Deletes the oldest `limit` or so events published more than `retentionMs`
+ * ago (more when several share the last one's `published_at`); returns how
+ * many. Pending rows are never touched (`published_at` is null).
+ *
+ * One range of `work_events_published_idx`, from the oldest published event
+ * to the `limit`-th oldest one due for purging, rather than a join of the
+ * chosen rows back to the table: the planner may hash such a join over a
+ * sequential scan when the table looks small, and a prepared statement keeps
+ * that plan as the table grows. Bounded on both sides by values it cannot
+ * know, the range is estimated small with or without statistics. Several
+ * purgers at once only wait for each other's rows, then find them gone.
  */
 export async function purgePublished(
   sql: Sql,
@@ -166,16 +173,15 @@ export async function purgePublished(
   limit: number,
 ): Promise<number> {
   const result = await sql`
-    with doomed as (
-      select tenant_id, run_id, seq
-        from work_events
-       where published_at < now() - ${retentionMs}::float8 * interval '1 millisecond'
-       order by published_at
-       limit ${limit}
-       for update skip locked
-    )
-    delete from work_events w
-     using doomed d
-     where w.tenant_id = d.tenant_id and w.run_id = d.run_id and w.seq = d.seq`;
+    delete from work_events
+     where published_at >= (select min(published_at) from work_events)
+       and published_at <= (
+             select max(published_at) from (
+               select published_at from work_events
+                where published_at < now() - ${retentionMs}::float8 * interval '1 millisecond'
+                order by published_at
+                -- A subquery, so no plan depends on the batch size: given
+                -- 500 on a small table, the planner sorted a sequential scan.
+                limit (select ${limit}::int)) oldest)`;
   return result.count;
 }

@@ -59,10 +59,53 @@ export interface ClaimedRun {
 // Kept as text so each statement stays one round trip with one plan.
 const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at";
 
+// The tenants with queued runs, in collation "C" order: a loose index scan
+// of runs_queued_tenant_idx, one probe per tenant however long its queue,
+// ending with a null row. Collation "C" is the index's: no other index can
+// serve the probes (see migrations/003).
+const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
+      (select tenant_id collate "C" from runs
+        where status = 'queued'
+        order by tenant_id collate "C" limit 1)
+      union all
+      select (select r.tenant_id collate "C" from runs r
+               where r.status = 'queued' and r.tenant_id collate "C" > t.tenant_id
+               order by r.tenant_id collate "C" limit 1)
+        from queued_tenants t
+       where t.tenant_id is not null
+    ),
+    -- Each such tenant's oldest due run: its place in line.
+    heads as (
+      select t.tenant_id, h.run_after
+        from queued_tenants t
+       cross join lateral (
+             select r.run_after from runs r
+              where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
+                and r.run_after <= now()
+              order by r.run_after limit 1) h
+    )`;
+
 /**
- * Claims up to `limit` due queued runs for `owner`, oldest `run_after`
- * first: each becomes `running` with a lease of `leaseMs`, its attempt
- * counted, and a `run.started` event `{attempt, worker}` appended.
+ * Claims up to `limit` due queued runs for `owner`, fairly across tenants:
+ * each becomes `running` with a lease of `leaseMs`, its attempt counted, and
+ * a `run.started` event `{attempt, worker}` appended.
+ *
+ * Fair: the tenants with due runs take turns, not the oldest runs of all
+ * (one tenant's backlog of 100,000 would make every other tenant wait until
+ * it drained). The `limit` slots are shared among the tenants whose oldest
+ * due run waited longest, at most `limit` of them, as evenly as they divide;
+ * each takes its share oldest first, skipping rows other workers hold
+ * (`FOR UPDATE SKIP LOCKED`). A tenant with fewer due runs than its share
+ * leaves the rest of the slots empty until the next claim. One tenant alone
+ * gets all of them. The cost is one index probe per tenant with queued runs,
+ * plus one per claimed run.
+ *
+ * The claimed rows are updated through `INSERT … ON CONFLICT (tenant_id,
+ * run_id) DO UPDATE`, which always conflicts (each row exists and is locked
+ * by this statement): the executor finds each row by probing the primary
+ * key. An `UPDATE … FROM` the claimed rows is a join the planner may hash
+ * over a sequential scan of `runs` when the table looks small, and a
+ * prepared statement keeps that plan as the table grows.
  */
 export async function claimRuns(
   sql: Sql,
@@ -71,24 +114,44 @@ export async function claimRuns(
   leaseMs: number,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with claimed as (
-      update runs r
+    with recursive ${sql.unsafe(QUEUED_TENANTS)},
+    served as (
+      select tenant_id, row_number() over (order by run_after, tenant_id) as pos
+        from heads
+       order by run_after, tenant_id
+       limit ${limit}
+    ),
+    -- limit / n slots each, and one more for the first limit % n.
+    shares as (
+      select tenant_id,
+             ${limit}::int / n + case when pos <= ${limit}::int % n then 1 else 0 end as share
+        from (select tenant_id, pos, count(*) over () as n from served) s
+    ),
+    picked as (
+      select c.*
+        from shares s
+       cross join lateral (
+             select r.* from runs r
+              where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
+                and r.run_after <= now()
+              order by r.run_after
+              limit s.share
+              for update skip locked) c
+    ),
+    claimed as (
+      insert into runs select * from picked
+      on conflict (tenant_id, run_id) do update
          set status = 'running',
-             attempts = r.attempts + 1,
+             attempts = runs.attempts + 1,
              lease_owner = ${owner},
              lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
-             started_at = coalesce(r.started_at, now()),
+             started_at = coalesce(runs.started_at, now()),
              updated_at = now(),
-             event_seq = r.event_seq + 1
-       where (r.tenant_id, r.run_id) in (
-               select tenant_id, run_id from runs
-                where status = 'queued' and run_after <= now()
-                order by run_after
-                limit ${limit}
-                for update skip locked)
-      returning r.tenant_id, r.run_id, r.workflow_ref, r.workflow_name, r.workflow_version,
-                r.input, r.goal_id, r.dispatch_key, r.attempts, r.max_attempts,
-                r.lease_expires_at, r.event_seq
+             event_seq = runs.event_seq + 1
+       where runs.status = 'queued'
+      returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
+                runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
+                runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
@@ -120,31 +183,40 @@ export interface ReclaimedRun {
  * kills its worker every time must not be retried forever.
  */
 export async function reclaimExpired(sql: Sql, limit: number): Promise<ReclaimedRun[]> {
+  // Updated through an always-conflicting upsert, as in `claimRuns`: each
+  // row is found by the primary key's probe, never by a planned join.
   return await sql<ReclaimedRun[]>`
     with expired as (
-      select tenant_id, run_id, lease_owner from runs
+      select * from runs
        where status = 'running' and lease_expires_at < now()
        order by lease_expires_at
        limit ${limit}
        for update skip locked
     ),
     upd as (
-      update runs r
-         set status = case when r.attempts >= r.max_attempts then 'failed' else 'queued' end,
-             run_after = case when r.attempts >= r.max_attempts then r.run_after else now() end,
-             error = case when r.attempts >= r.max_attempts
+      insert into runs select * from expired
+      on conflict (tenant_id, run_id) do update
+         set status = case when runs.attempts >= runs.max_attempts then 'failed' else 'queued' end,
+             run_after = case when runs.attempts >= runs.max_attempts then runs.run_after
+                              else now() end,
+             error = case when runs.attempts >= runs.max_attempts
                           then jsonb_build_object('message', 'lease expired', 'code', 'lease-expired',
-                                                  'attempt', r.attempts, 'worker', e.lease_owner)
-                          else r.error end,
-             finished_at = case when r.attempts >= r.max_attempts then now() end,
+                                                  'attempt', runs.attempts,
+                                                  'worker', runs.lease_owner)
+                          else runs.error end,
+             finished_at = case when runs.attempts >= runs.max_attempts then now() end,
              lease_owner = null,
              lease_expires_at = null,
              updated_at = now(),
-             event_seq = r.event_seq + 1
-        from expired e
-       where r.tenant_id = e.tenant_id and r.run_id = e.run_id
-      returning r.tenant_id, r.run_id, r.goal_id, r.dispatch_key, r.status, r.attempts,
-                r.error, r.event_seq, e.lease_owner as previous_owner
+             event_seq = runs.event_seq + 1
+       where runs.status = 'running'
+      returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
+                runs.attempts, runs.error, runs.event_seq
+    ),
+    -- Two CTEs joined: no table is read, whatever the plan.
+    reclaimed as (
+      select u.*, e.lease_owner as previous_owner
+        from upd u join expired e on e.tenant_id = u.tenant_id and e.run_id = u.run_id
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
@@ -157,9 +229,9 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
                                        'worker', previous_owner, 'retry_at', now())
              end,
              now()
-        from upd
+        from reclaimed
     )
-    select tenant_id, run_id, status, attempts, previous_owner from upd`;
+    select tenant_id, run_id, status, attempts, previous_owner from reclaimed`;
 }
 
 /**
@@ -388,14 +460,17 @@ export interface QueueStats {
  * Counts queued and running runs and measures the age of the oldest due
  * queued run. Each reads a partial index, so the cost follows the live
  * queue, not the table: finished runs pile up by the million and are counted
- * by the workers' completion counters instead.
+ * by the workers' completion counters instead. A run is running exactly
+ * while it holds a lease (a check constraint says so); the oldest due run is
+ * the oldest of the tenants' heads, one probe per tenant with queued runs.
  */
 export async function queueStats(sql: Sql): Promise<QueueStats> {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
+    with recursive ${sql.unsafe(QUEUED_TENANTS)}
     select (select count(*) from runs where status = 'queued')::int as queued,
-           (select count(*) from runs where status = 'running')::int as running,
-           (select extract(epoch from now() - min(run_after)) from runs
-             where status = 'queued' and run_after <= now())::float8 as oldest`;
+           (select count(*) from runs
+             where status = 'running' and lease_expires_at is not null)::int as running,
+           (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
   return {
     byStatus: { queued: r.queued, running: r.running },
     oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),

@@ -80,7 +80,11 @@ export async function selectRuns(sql: Sql, tenantId: string, f: RunFilter): Prom
     select ${sql.unsafe(RUN_COLUMNS)} from runs
      where tenant_id = ${tenantId}
        ${f.goalId === undefined ? sql`` : sql`and goal_id = ${f.goalId}`}
-       ${f.dispatchKey === undefined ? sql`` : sql`and dispatch_key = ${f.dispatchKey}`}
+       ${
+    // The tenant again in collation "C": what lets runs_dispatch_key_uq serve it.
+    f.dispatchKey === undefined
+      ? sql``
+      : sql`and tenant_id collate "C" = ${tenantId} and dispatch_key = ${f.dispatchKey}`}
        ${f.status === undefined ? sql`` : sql`and status = ${f.status}`}
        ${f.before === undefined ? sql`` : sql`and run_id < ${f.before}`}
      order by run_id desc

@@ -27,12 +27,7 @@ import {
   reclaimExpired,
   releaseRun,
 } from "../db/queue.ts";
-import {
-  claimPendingEvents,
-  markPublished,
-  outboxStats,
-  purgePublished,
-} from "../db/outbox.ts";
+import { claimPendingEvents, markPublished, outboxStats, purgePublished } from "../db/outbox.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 
 const TENANTS = 20;
@@ -94,7 +89,7 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease),
-      indexes: { runs: ["runs_queued_idx", "runs_pkey"] },
+      indexes: { runs: ["runs_queued_tenant_idx"] },
     },
     {
       name: "queue: heartbeat",
@@ -120,12 +115,12 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: reclaimExpired",
       call: (sql) => reclaimExpired(sql, 100),
-      indexes: { runs: ["runs_running_lease_idx", "runs_pkey"] },
+      indexes: { runs: ["runs_running_lease_idx"] },
     },
     {
       name: "queue: queueStats",
       call: (sql) => queueStats(sql),
-      indexes: { runs: ["runs_queued_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
     },
     {
       name: "outbox: claimPendingEvents",
@@ -148,7 +143,7 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "outbox: purgePublished",
       call: (sql) => purgePublished(sql, 24 * 3600_000, 500),
-      indexes: { work_events: ["work_events_published_idx", "work_events_pkey"] },
+      indexes: { work_events: ["work_events_published_idx"] },
     },
   ];
 }
