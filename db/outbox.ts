@@ -142,7 +142,8 @@ export interface OutboxStats {
 export async function outboxStats(sql: Sql): Promise<OutboxStats> {
   const [row] = await sql<{ pending: number; oldest_age: number; parked: number }[]>`
     select p.pending, p.oldest_age,
-           (select count(*)::float8 from work_events where parked_at is not null) as parked
+           (select count(*)::float8 from work_events
+             where published_at is null and parked_at is not null) as parked
       from (select count(*)::float8 as pending,
                    coalesce(extract(epoch from now() - min(at)), 0)::float8 as oldest_age
               from work_events

@@ -27,7 +27,13 @@ import {
   reclaimExpired,
   releaseRun,
 } from "../db/queue.ts";
-import { claimPendingEvents, markPublished, outboxStats, purgePublished } from "../db/outbox.ts";
+import {
+  claimPendingEvents,
+  markPublished,
+  outboxStats,
+  parkEvents,
+  purgePublished,
+} from "../db/outbox.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 
 const TENANTS = 20;
@@ -52,6 +58,7 @@ interface Sample {
   tenant: string;
   runningRun: string;
   owner: string;
+  attempt: number;
   pendingEventId: string;
 }
 
@@ -93,23 +100,31 @@ function hotStatements(s: Sample): HotStatement[] {
     },
     {
       name: "queue: heartbeat",
-      call: (sql) => heartbeat(sql, s.tenant, s.runningRun, s.owner, lease),
+      call: (sql) => heartbeat(sql, s.tenant, s.runningRun, s.owner, s.attempt, lease),
       indexes: { runs: ["runs_pkey"] },
     },
     {
       name: "queue: completeRun",
-      call: (sql) => completeRun(sql, s.tenant, s.runningRun, s.owner, { ok: true }),
+      call: (sql) => completeRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, { ok: true }),
       indexes: { runs: ["runs_pkey"] },
     },
     {
       name: "queue: failAttempt",
       call: (sql) =>
-        failAttempt(sql, s.tenant, s.runningRun, s.owner, { message: "plan test" }, 1000),
+        failAttempt(
+          sql,
+          s.tenant,
+          s.runningRun,
+          s.owner,
+          s.attempt,
+          { message: "plan test" },
+          1000,
+        ),
       indexes: { runs: ["runs_pkey"] },
     },
     {
       name: "queue: releaseRun",
-      call: (sql) => releaseRun(sql, s.tenant, s.runningRun, s.owner, "plan test"),
+      call: (sql) => releaseRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, "plan test"),
       indexes: { runs: ["runs_pkey"] },
     },
     {
@@ -136,9 +151,17 @@ function hotStatements(s: Sample): HotStatement[] {
       indexes: { work_events: ["work_events_pending_idx"] },
     },
     {
+      name: "outbox: parkEvents",
+      call: (sql) =>
+        parkEvents(sql as unknown as postgres.TransactionSql, [
+          { tenant_id: s.tenant, event_id: s.pendingEventId, reason: "plan test" },
+        ]),
+      indexes: { work_events: ["work_events_pending_idx"] },
+    },
+    {
       name: "outbox: outboxStats",
       call: (sql) => outboxStats(sql),
-      indexes: { work_events: ["work_events_pending_idx"] },
+      indexes: { work_events: ["work_events_pending_idx", "work_events_parked_idx"] },
     },
     {
       name: "outbox: purgePublished",
@@ -348,8 +371,9 @@ async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
 }
 
 async function sample(sql: Sql): Promise<Sample> {
-  const [run] = await sql<{ tenant_id: string; run_id: string; lease_owner: string }[]>`
-    select tenant_id, run_id, lease_owner from runs where status = 'running' limit 1`;
+  const [run] = await sql<
+    { tenant_id: string; run_id: string; lease_owner: string; attempts: number }[]
+  >`select tenant_id, run_id, lease_owner, attempts from runs where status = 'running' limit 1`;
   const [event] = await sql<{ event_id: string }[]>`
     select event_id from work_events
      where published_at is null and tenant_id = ${run?.tenant_id ?? "t00"} limit 1`;
@@ -357,6 +381,7 @@ async function sample(sql: Sql): Promise<Sample> {
     tenant: run?.tenant_id ?? "t00",
     runningRun: run?.run_id ?? crypto.randomUUID(),
     owner: run?.lease_owner ?? "worker-0",
+    attempt: run?.attempts ?? 1,
     pendingEventId: event?.event_id ?? "1",
   };
 }
