@@ -90,6 +90,11 @@ class Slot {
     return this.#proc !== undefined && !this.#proc.exited;
   }
 
+  /** Where the running incarnation serves /metrics, /healthz and /readyz (worker, outbox, relay). */
+  get metricsUrl(): string | undefined {
+    return this.running ? this.#proc?.metricsUrl : undefined;
+  }
+
   start(): void {
     if (this.#stopping || this.running) return;
     const incarnation = ++this.#incarnation;
@@ -187,7 +192,8 @@ export class Cluster {
     return {
       DATABASE_URL: this.dbUrl,
       KAFKA_BROKERS: this.brokers.join(","),
-      LOG_LEVEL: "warn",
+      // Info is a few lines per process and start; kept per incarnation in the run's logs/.
+      LOG_LEVEL: "info",
       TOPIC_PARTITIONS: "3",
       TOPIC_RETENTION_MS: String(TOPIC_RETENTION_MS),
     };
@@ -338,13 +344,35 @@ export class Cluster {
     return this.#slots.every((s) => s.running);
   }
 
-  /** Stops the processes (SIGTERM); returns those that did not exit with 0. */
+  /**
+   * Stops the processes (SIGTERM), the relays first so that nothing is
+   * admitted while the rest stops; returns those that did not exit with 0.
+   */
   async stopProcesses(): Promise<string[]> {
-    const codes = await Promise.all(
-      this.#slots.map(async (s) => [s.name, await s.stop()] as const),
-    );
+    const stop = (slots: Slot[]) =>
+      Promise.all(slots.map(async (s) => [s.name, await s.stop()] as const));
+    const codes = [
+      ...await stop(this.#slots.filter((s) => s.role === "relay")),
+      ...await stop(this.#slots.filter((s) => s.role !== "relay")),
+    ];
     return codes.filter(([, code]) => code !== undefined && code !== 0).map(([n, c]) =>
       `${n} exited with ${c} on SIGTERM`
+    );
+  }
+
+  /** Each relay's /healthz (its `pending` messages), for a report on a drain that stalled. */
+  async relayHealth(): Promise<string[]> {
+    return await Promise.all(
+      this.#slots.filter((s) => s.role === "relay").map(async (s) => {
+        const url = s.metricsUrl;
+        if (!url) return `${s.name}: not running`;
+        try {
+          const res = await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(2 * SECOND) });
+          return `${s.name}: ${(await res.text()).trim()}`;
+        } catch (error) {
+          return `${s.name}: ${error instanceof Error ? error.message : error}`;
+        }
+      }),
     );
   }
 

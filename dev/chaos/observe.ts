@@ -115,12 +115,12 @@ export async function databaseBacklog(sql: Sql): Promise<{ open: number; unpubli
   return { open: runs.n, unpublished };
 }
 
-/** Messages on `topics` the relay group has not committed past. */
+/** Per partition, the messages on `topics` the relay group has not committed past. */
 export async function relayLag(
   brokers: string[],
   groupId: string,
   topics: string[],
-): Promise<number> {
+): Promise<Map<string, number>> {
   const admin = createAdmin({ brokers, clientId: "poimen-chaos-lag", retries: 1 });
   try {
     const [ends, committed] = await Promise.all([
@@ -128,12 +128,13 @@ export async function relayLag(
       admin.committedOffsets(groupId, topics),
     ]);
     const done = new Map(committed.map((c) => [`${c.topic}/${c.partition}`, c.offset]));
-    let lag = 0n;
+    const lag = new Map<string, number>();
     for (const end of ends) {
-      const from = done.get(`${end.topic}/${end.partition}`) ?? 0n;
-      if (end.offset > from) lag += end.offset - from;
+      const key = `${end.topic}/${end.partition}`;
+      const from = done.get(key) ?? 0n;
+      if (end.offset > from) lag.set(key, Number(end.offset - from));
     }
-    return Number(lag);
+    return lag;
   } finally {
     await admin.close().catch(() => {});
   }

@@ -61,8 +61,10 @@ const FAULT_BLOCK: FaultKind[] = [
   "broker",
 ];
 
+const began = Date.now();
+
 function say(line: string) {
-  console.log(`[chaos] ${line}`);
+  console.log(`[chaos +${Math.round((Date.now() - began) / SECOND)}s] ${line}`);
 }
 
 /** Every kind once (shuffled), then shuffled blocks, `count` faults in all. */
@@ -76,7 +78,6 @@ function faultSchedule(count: number, random: () => number): FaultKind[] {
 
 /** Runs the chaos scenario; resolves with the exit code (0 clean, 1 violations, 2 harness failure). */
 export async function runChaos(opts: ChaosOptions): Promise<number> {
-  const started = Date.now();
   const dir = await Deno.makeTempDir({ prefix: "poimen-chaos-" });
   const cluster = new Cluster({
     dir,
@@ -178,7 +179,7 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
       `${result.info.runs} runs, ${result.info.events} events read back, ` +
         `${result.info.deadLetters} dead letters, ${result.info.parked} parked events; ` +
         `${code === 0 ? "" : `logs kept in ${dir}/logs; `}` +
-        `${Math.round((Date.now() - started) / SECOND)} s`,
+        `${Math.round((Date.now() - began) / SECOND)} s`,
     );
     console.log(
       `chaos: ${workload.messages.length} msgs, ${keys} keys, ${total} faults | ` +
@@ -296,15 +297,27 @@ async function drain(
   let pending = answers.length;
   for (const a of answers) void a.finally(() => pending--);
   const topics = Object.values(TENANTS).map(dispatchTopic);
-  const began = Date.now();
-  const deadline = began + opts.drainSeconds * SECOND;
+  const start = Date.now();
+  const deadline = start + opts.drainSeconds * SECOND;
   let last = "";
+  let lagByPartition = new Map<string, number>();
   let lastChange = Date.now();
   let lastReport = 0;
+  const giveUp = async (why: string) => {
+    say(`${why}: ${last}`);
+    say(
+      `  relay group lag by partition: ${
+        [...lagByPartition].map(([k, v]) => `${k}=${v}`).join(" ")
+      }`,
+    );
+    for (const line of await cluster.relayHealth()) say(`  ${line}`);
+    return false;
+  };
   while (true) {
     let state: DrainState & { callers: number } | undefined;
     try {
-      const lag = await relayLag(cluster.brokers, cluster.relayGroup, topics);
+      lagByPartition = await relayLag(cluster.brokers, cluster.relayGroup, topics);
+      const lag = [...lagByPartition.values()].reduce((a, b) => a + b, 0);
       state = { lag, ...(await databaseBacklog(cluster.sql)), callers: pending };
     } catch (error) {
       say(`drain: probe failed (${error instanceof Error ? error.message : error})`);
@@ -316,7 +329,7 @@ async function drain(
       if (
         state.lag + state.open + state.unpublished + state.callers === 0 && cluster.allRunning()
       ) {
-        say(`drained in ${Math.round((now - began) / SECOND)} s`);
+        say(`drained in ${Math.round((now - start) / SECOND)} s`);
         return true;
       }
       if (line !== last) {
@@ -328,13 +341,9 @@ async function drain(
         lastReport = now;
       }
     }
-    if (now > deadline) {
-      say(`drain deadline (${opts.drainSeconds} s) passed: ${last}`);
-      return false;
-    }
+    if (now > deadline) return await giveUp(`drain deadline (${opts.drainSeconds} s) passed`);
     if (now - lastChange > opts.stallSeconds * SECOND) {
-      say(`nothing moved for ${opts.stallSeconds} s, giving up the drain: ${last}`);
-      return false;
+      return await giveUp(`nothing moved for ${opts.stallSeconds} s, giving up the drain`);
     }
     await delay(500);
   }
