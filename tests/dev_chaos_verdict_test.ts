@@ -32,6 +32,7 @@ function perfect(p: Plan): Observed {
     unpublished: [],
     http: [],
     crashes: [],
+    uncommitted: new Map(),
   };
   const addRun = (tenant: string, dispatchKey: string | null, marker: string | null) => {
     const runId = crypto.randomUUID();
@@ -211,4 +212,11 @@ Deno.test("chaos verdict: a caller told another run, or none, is http; a crash i
   ];
   seen.crashes = ["api#1 exited with code 1: error: Uncaught"];
   assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { http: 2, crashes: 1 });
+});
+
+Deno.test("chaos verdict: messages the relay group never committed are lag", () => {
+  const p = workload();
+  const seen = perfect(p);
+  seen.uncommitted = new Map([["poimen.t-b.dispatch/1", 30], ["poimen.t-a.dispatch/0", 0]]);
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { lag: 30, tenant_b: 1 });
 });

@@ -240,6 +240,8 @@ export class Cluster {
           RELAY_BACKOFF_BASE_MS: "100",
           RELAY_BACKOFF_CAP_MS: "2000",
           RELAY_API_TIMEOUT_MS: "10000",
+          // Unknown-workflow poison is dead-lettered after this grace (5 min by default).
+          RELAY_UNKNOWN_WORKFLOW_GRACE_MS: "3000",
           // The shortest the broker allows: a killed relay's partitions move on soon.
           RELAY_SESSION_TIMEOUT_MS: "6000",
         }))

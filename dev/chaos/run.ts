@@ -158,13 +158,19 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
     );
 
     const drained = await drain(cluster, answers, opts);
+    // Before the relays stop: a graceful stop commits what they finished.
+    const uncommitted = await relayLag(
+      cluster.brokers,
+      cluster.relayGroup,
+      Object.values(TENANTS).map(dispatchTopic),
+    ).catch(() => new Map<string, number>());
     callersDone.abort();
     const http = await Promise.all(answers);
     const unclean = await cluster.stopProcesses();
 
     const seen = await observe(cluster, workload);
     const crashes = cluster.crashes();
-    const result = verdict(workload, { ...seen, http, crashes }, TENANTS.clean);
+    const result = verdict(workload, { ...seen, http, crashes, uncommitted }, TENANTS.clean);
     if (!drained) say(`not drained within the deadline (see stuck, unparked, dlq_missing below)`);
     for (const u of unclean) say(`unclean stop: ${u}`);
     for (const counter of COUNTERS) {

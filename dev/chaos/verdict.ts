@@ -17,6 +17,8 @@ export const COUNTERS = [
   "stuck",
   /** Events neither published nor parked after the drain. */
   "unparked",
+  /** Dispatch messages the relay group has not committed past after the drain. */
+  "lag",
   /** Runs whose events on Kafka miss a seq (not parked), end without a terminal event, or are unknown. */
   "gaps",
   /** Runs whose events first appear on Kafka out of seq order. */
@@ -84,6 +86,8 @@ export interface Observed {
   http: HttpAnswer[];
   /** One line per process exit nobody asked for. */
   crashes: string[];
+  /** `<topic>/<partition>` → messages the relay group has not committed past, after the drain. */
+  uncommitted: Map<string, number>;
 }
 
 export interface Verdict {
@@ -103,8 +107,8 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
     Counter,
     string[]
   >;
-  const flag = (counter: Counter, tenant: string, text: string) => {
-    counts[counter]++;
+  const flag = (counter: Counter, tenant: string, text: string, weight = 1) => {
+    counts[counter] += weight;
     if (examples[counter].length < MAX_EXAMPLES) {
       examples[counter].push(tenant === "" ? text : `${tenant}: ${text}`);
     }
@@ -187,6 +191,13 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
   }
 
   for (const c of seen.crashes) flag("crashes", "", c);
+
+  for (const [partition, n] of seen.uncommitted) {
+    if (n > 0) {
+      const tenant = partition.split(".")[1] ?? "";
+      flag("lag", tenant, `${partition}: ${n} message(s) never committed by the relay group`, n);
+    }
+  }
 
   const unparked = seen.unpublished.filter((e) => !e.parked);
   for (const e of unparked) {
