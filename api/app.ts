@@ -16,6 +16,8 @@ import { problemResponse } from "./problem.ts";
 import { runsRoutes } from "./runs.ts";
 import { openApiDocument } from "./openapi.ts";
 import { abortable, checkReadiness } from "../core/health.ts";
+import type { ConsoleAssets } from "./console/assets.ts";
+import { consoleRoutes } from "./console/console_routes.tsx";
 
 /** Hono's typing of our context variables. */
 export type ApiEnv = { Variables: { principal: Principal } };
@@ -27,6 +29,8 @@ export interface AppDeps {
   metrics: ApiMetrics;
   log: Logger;
   bodyLimit: number;
+  /** The console's script and stylesheet (`loadConsoleAssets`). */
+  consoleAssets: ConsoleAssets;
 }
 
 // The route label of a request: the pattern of the route that matched
@@ -79,6 +83,10 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
     await next();
   });
   app.route("/v1/runs", runsRoutes(deps));
+  app.route(
+    "/console",
+    consoleRoutes({ sql: deps.sql, auth: deps.auth, assets: deps.consoleAssets }),
+  );
 
   // Answered rather than thrown: with only the "*" middleware matched, hono
   // lets a thrown not-found skip that middleware's metrics.

@@ -1,6 +1,6 @@
 /** The OpenAPI 3.1 document, generated from the same zod schemas the API validates with. */
 import { z } from "zod";
-import { ListRunsQuery, Problem, Run, RunPage, RunRequest } from "../contracts/runs.ts";
+import { ListRunsQuery, Problem, Run, RunEvents, RunPage, RunRequest } from "../contracts/runs.ts";
 
 const schema = (s: z.ZodType) => z.toJSONSchema(s, { io: "input", unrepresentable: "any" });
 
@@ -28,6 +28,7 @@ export function openApiDocument(): unknown {
         RunRequest: schema(RunRequest),
         Run: schema(Run),
         RunPage: schema(RunPage),
+        RunEvents: schema(RunEvents),
         Problem: schema(Problem),
       },
     },
@@ -75,6 +76,21 @@ export function openApiDocument(): unknown {
             "200": {
               description: "The run",
               content: { "application/json": { schema: { $ref: "#/components/schemas/Run" } } },
+            },
+            ...problems(401, 403, 404, 503),
+          },
+        },
+      },
+      "/v1/runs/{run_id}/events": {
+        get: {
+          summary: "One run's event timeline (what work_events still holds)",
+          parameters: [{ name: "run_id", in: "path", required: true, schema: { type: "string" } }],
+          responses: {
+            "200": {
+              description: "The run's events, oldest first",
+              content: {
+                "application/json": { schema: { $ref: "#/components/schemas/RunEvents" } },
+              },
             },
             ...problems(401, 403, 404, 503),
           },

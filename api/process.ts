@@ -13,13 +13,14 @@ import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
 import { Authenticator } from "./auth.ts";
 import { createApiMetrics } from "./metrics.ts";
+import { loadConsoleAssets } from "./console/assets.ts";
 
 const COMMAND = {
   name: "api",
   synopsis: "",
   description: `
 Serves the HTTP API (POST/GET /v1/runs, /openapi.json, /metrics, /healthz,
-/readyz) on HOST:PORT until SIGTERM or SIGINT.`,
+/readyz) and the web console (/console) on HOST:PORT until SIGTERM or SIGINT.`,
   env: ApiEnv,
 } satisfies CommandSpec;
 
@@ -51,7 +52,15 @@ export async function main(args: string[]): Promise<number> {
     config.AUTH_CACHE_MS,
     (reason) => metrics.authFailures.inc({ reason }),
   );
-  const app = createApp({ sql, admission, auth, metrics, log, bodyLimit: config.BODY_LIMIT_BYTES });
+  const app = createApp({
+    sql,
+    admission,
+    auth,
+    metrics,
+    log,
+    bodyLimit: config.BODY_LIMIT_BYTES,
+    consoleAssets: await loadConsoleAssets(),
+  });
 
   let server: Deno.HttpServer | undefined;
   await runUntilSignal({

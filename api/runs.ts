@@ -3,9 +3,22 @@ import { Hono, type MiddlewareHandler } from "hono";
 import { PoimenError } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
-import { type RunRow, selectRun, selectRuns } from "../db/runs.ts";
+import {
+  type RunEventRow,
+  type RunRow,
+  selectRun,
+  selectRunEvents,
+  selectRuns,
+} from "../db/runs.ts";
 import type { Admission } from "../admission/admit.ts";
-import { HEADERS, ListRunsQuery, type Run, RunRequest, SourceHeader } from "../contracts/runs.ts";
+import {
+  HEADERS,
+  ListRunsQuery,
+  type Run,
+  type RunEvent,
+  RunRequest,
+  SourceHeader,
+} from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
@@ -42,11 +55,28 @@ export function toRun(row: RunRow & { input?: unknown }): Run {
   };
 }
 
-// The cursor is opaque to clients: base64url of the last run id of a page.
-function encodeCursor(runId: string): string {
+/** Most events one run's timeline returns. */
+export const MAX_RUN_EVENTS = 1000;
+
+/** A work_events row as JSON. */
+export function toRunEvent(row: RunEventRow): RunEvent {
+  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
+  return {
+    seq: row.seq,
+    type: row.type,
+    payload: row.payload,
+    at: iso(row.at)!,
+    published_at: iso(row.published_at),
+    parked_at: iso(row.parked_at),
+  };
+}
+
+/** The cursor is opaque to clients: base64url of the last run id of a page. */
+export function encodeCursor(runId: string): string {
   return btoa(runId).replaceAll("=", "");
 }
-function decodeCursor(cursor: string): string {
+/** The run id of a cursor; a validation error when it is not one of ours. */
+export function decodeCursor(cursor: string): string {
   let runId = "";
   try {
     runId = atob(cursor);
@@ -113,6 +143,17 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
       : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     return c.json(toRun(row));
+  });
+
+  app.get("/:run_id/events", async (c) => {
+    const runId = c.req.param("run_id");
+    const tenantId = c.get("principal").tenantId;
+    // The run first: its events may all be purged, and "no such run" must
+    // stay a 404 (another tenant's run included), not an empty list.
+    const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenantId, runId) : undefined;
+    if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    const events = await selectRunEvents(sql, tenantId, runId, MAX_RUN_EVENTS);
+    return c.json({ events: events.map(toRunEvent) });
   });
 
   app.get("/", async (c) => {

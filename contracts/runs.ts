@@ -220,6 +220,23 @@ export const RunPage = z.object({
   ),
 });
 
+/** One event of a run, as `GET /v1/runs/{run_id}/events` returns it. */
+export const RunEvent = z.object({
+  seq: z.number().int().describe("Per-run sequence number, from 1"),
+  type: z.string().describe("`run.admitted`, `run.started`, `run.succeeded`, …"),
+  payload: z.unknown(),
+  at: z.string(),
+  published_at: z.string().nullable().describe("When the outbox shipped it to Kafka"),
+  parked_at: z.string().nullable().describe("Set aside by the outbox: it can never be shipped"),
+});
+export type RunEvent = z.infer<typeof RunEvent>;
+
+export const RunEvents = z.object({
+  events: z.array(RunEvent).describe(
+    "Oldest first. Published events are purged after a while: an old run's list may be short",
+  ),
+});
+
 /**
  * The `GET /v1/runs` query. Each parameter at most once; values are
  * percent-decoded UTF-8.

@@ -90,3 +90,32 @@ export async function selectRuns(sql: Sql, tenantId: string, f: RunFilter): Prom
      order by run_id desc
      limit ${f.limit}`;
 }
+
+/** One event of a run's timeline, as `work_events` holds it. */
+export interface RunEventRow {
+  seq: number;
+  type: string;
+  payload: unknown;
+  at: Date;
+  published_at: Date | null;
+  parked_at: Date | null;
+}
+
+/**
+ * A run's events still in `work_events`, oldest first, at most `limit`.
+ * Published events are purged after a while, so an old run's timeline may
+ * be short or empty; the run row stays the source of truth. The primary key
+ * (tenant_id, run_id, seq) serves it.
+ */
+export async function selectRunEvents(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  limit: number,
+): Promise<RunEventRow[]> {
+  return await sql<RunEventRow[]>`
+    select seq, type, payload, at, published_at, parked_at from work_events
+     where tenant_id = ${tenantId} and run_id = ${runId}
+     order by seq
+     limit ${limit}`;
+}

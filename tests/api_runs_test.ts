@@ -14,6 +14,7 @@ import { builtinRegistry } from "../workflows/builtin.ts";
 import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
+import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 
@@ -24,6 +25,8 @@ let sql: Sql;
 let app: ReturnType<typeof createApp>;
 let acme: string, globex: string, relay: string;
 
+const consoleAssets = await loadConsoleAssets();
+
 function makeApp(bodyLimit: number) {
   return createApp({
     sql,
@@ -32,6 +35,7 @@ function makeApp(bodyLimit: number) {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit,
+    consoleAssets,
   });
 }
 
@@ -509,6 +513,7 @@ CASES.push(["a database outage is a 503 with Retry-After", async (_t) => {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit: 4096,
+    consoleAssets,
   });
   for (const path of ["/readyz", "/v1/runs"]) {
     const r = await deadApp.request(path, { headers: { authorization: `Bearer ${acme}` } });

@@ -1,0 +1,167 @@
+/**
+ * The console at /console, served by the API process. Pages are shells
+ * without tenant data (no token travels on a navigation); their data comes
+ * from /console/fragments/*, behind the same bearer tokens as /v1, fetched
+ * by /console/app.js. Every response carries a strict Content-Security-Policy:
+ * only same-origin script, style and fetches, no inline script or style, no
+ * framing, no form posts elsewhere.
+ */
+import { Hono, type MiddlewareHandler } from "hono";
+import { z } from "zod";
+import { PoimenError } from "../../core/errors.ts";
+import { UUID_PATTERN, uuidv7Floor } from "../../core/uuid.ts";
+import { HEADERS, ListRunsQuery } from "../../contracts/runs.ts";
+import type { Sql } from "../../db/pool.ts";
+import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
+import { selectAdmissionsPerMinute, selectTenantQueue } from "../../db/queue_overview.ts";
+import type { ApiEnv } from "../app.ts";
+import type { Authenticator } from "../auth.ts";
+import { parseQuery } from "../request.ts";
+import { decodeCursor, encodeCursor, MAX_RUN_EVENTS, toRun, toRunEvent } from "../runs.ts";
+import type { ConsoleAssets } from "./assets.ts";
+import { QueueFragment, RunFragment, RunsFragment } from "./fragments.tsx";
+import { loginShell, renderShell } from "./pages.tsx";
+
+/** The console's Content-Security-Policy. */
+export const CONSOLE_CSP = [
+  "default-src 'none'",
+  "script-src 'self'",
+  "style-src 'self'",
+  "img-src 'self' data:",
+  "connect-src 'self'",
+  "form-action 'self'",
+  "frame-ancestors 'none'",
+  "base-uri 'none'",
+].join("; ");
+
+export interface ConsoleDeps {
+  sql: Sql;
+  auth: Authenticator;
+  assets: ConsoleAssets;
+}
+
+const securityHeaders: MiddlewareHandler<ApiEnv> = async (c, next) => {
+  await next();
+  c.res.headers.set("content-security-policy", CONSOLE_CSP);
+  c.res.headers.set("x-content-type-options", "nosniff");
+  c.res.headers.set("referrer-policy", "no-referrer");
+  c.res.headers.set("x-frame-options", "DENY");
+  // Tenant data must not linger in a shared cache or the back-forward cache.
+  c.res.headers.set("cache-control", "no-store");
+};
+
+// The /v1/runs query, except that the filter form sends its empty fields,
+// which mean "any".
+const ConsoleRunsQuery = z.preprocess(
+  (q) =>
+    Object.fromEntries(Object.entries(q as Record<string, string>).filter(([, v]) => v !== "")),
+  ListRunsQuery,
+);
+
+/** Routes under /console. */
+export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
+  const { sql, assets } = deps;
+  const app = new Hono<ApiEnv>();
+  app.use("*", securityHeaders);
+
+  app.get("/app.js", (c) => {
+    c.header("content-type", "text/javascript; charset=utf-8");
+    return c.body(assets.appJs);
+  });
+  app.get("/console.css", (c) => {
+    c.header("content-type", "text/css; charset=utf-8");
+    return c.body(assets.css);
+  });
+
+  app.get("/", (c) => c.redirect("/console/runs", 303));
+  app.get("/login", async (c) => c.html(await loginShell()));
+  // Only reached when the script did not take the form over: the token is
+  // not read, and the person is sent back to the form.
+  app.post("/login", (c) => c.redirect("/console/login", 303));
+  app.get(
+    "/runs",
+    async (c) =>
+      c.html(
+        await renderShell({ page: "runs", title: "Runs", fragment: "/console/fragments/runs" }),
+      ),
+  );
+  app.get("/runs/:run_id", async (c) => {
+    const runId = c.req.param("run_id");
+    if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", "no such run");
+    return c.html(
+      await renderShell({
+        page: "run",
+        title: "Run",
+        fragment: `/console/fragments/runs/${runId}`,
+      }),
+    );
+  });
+  app.get("/queue", async (c) =>
+    c.html(
+      await renderShell({ page: "queue", title: "Queue", fragment: "/console/fragments/queue" }),
+    ));
+
+  app.use("/fragments/*", async (c, next) => {
+    c.set(
+      "principal",
+      await deps.auth.authenticate(c.req.header("authorization"), c.req.header(HEADERS.tenant)),
+    );
+    await next();
+  });
+
+  app.get("/fragments/whoami", (c) => c.json({ tenant: c.get("principal").tenantId }));
+
+  app.get("/fragments/runs", async (c) => {
+    const q = parseQuery(c, ConsoleRunsQuery);
+    const tenant = c.get("principal").tenantId;
+    const rows = await selectRuns(sql, tenant, {
+      goalId: q.goal_id,
+      dispatchKey: q.dispatch_key,
+      status: q.status,
+      before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
+      limit: q.limit + 1,
+    });
+    const page = rows.slice(0, q.limit);
+    const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
+    return c.html(
+      <RunsFragment
+        tenant={tenant}
+        filter={{
+          status: q.status,
+          goal_id: q.goal_id,
+          dispatch_key: q.dispatch_key,
+          limit: c.req.query("limit") ? q.limit : undefined,
+        }}
+        runs={page.map(toRun)}
+        nextCursor={next}
+        paged={q.cursor !== undefined}
+      />,
+    );
+  });
+
+  app.get("/fragments/runs/:run_id", async (c) => {
+    const runId = c.req.param("run_id");
+    const tenant = c.get("principal").tenantId;
+    const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenant, runId) : undefined;
+    if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    const events = await selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS);
+    return c.html(
+      <RunFragment tenant={tenant} run={toRun(row)} events={events.map(toRunEvent)} />,
+    );
+  });
+
+  app.get("/fragments/queue", async (c) => {
+    const tenant = c.get("principal").tenantId;
+    const now = new Date();
+    const since = new Date(now.getTime() - 60 * 60_000);
+    // A minute of slack below the id bound: ids come from the API's clock,
+    // created_at from the database's.
+    const [queue, perMinute] = await Promise.all([
+      selectTenantQueue(sql, tenant),
+      selectAdmissionsPerMinute(sql, tenant, since, uuidv7Floor(since.getTime() - 60_000)),
+    ]);
+    return c.html(<QueueFragment tenant={tenant} queue={queue} perMinute={perMinute} now={now} />);
+  });
+
+  return app;
+}

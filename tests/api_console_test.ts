@@ -1,0 +1,239 @@
+/**
+ * The console and the run-events endpoint, in process (`app.request`): every
+ * console response carries the security headers, fragments are behind the
+ * bearer tokens and tenant-scoped, and hostile values are rendered as text.
+ * The same console in a real browser: tests/it_console_test.ts.
+ */
+import assert from "node:assert/strict";
+import client from "prom-client";
+import { freshDatabase, type TestDatabase } from "./support/db.ts";
+import { silentLogger } from "../core/log.ts";
+import { Admission } from "../admission/admit.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { createApp } from "../api/app.ts";
+import { Authenticator, hashToken, newToken } from "../api/auth.ts";
+import { createApiMetrics } from "../api/metrics.ts";
+import { loadConsoleAssets } from "../api/console/assets.ts";
+import { CONSOLE_CSP } from "../api/console/console_routes.tsx";
+import { insertTenant, insertToken } from "../db/auth.ts";
+
+const SCRIPT = "<script>alert(1)</script>";
+const IMG = `"><img src=x onerror=alert(2)>`;
+
+interface World {
+  db: TestDatabase;
+  app: ReturnType<typeof createApp>;
+  acme: string;
+  globex: string;
+  relay: string;
+}
+
+async function world(): Promise<World> {
+  const db = await freshDatabase();
+  const sql = db.sql;
+  const app = createApp({
+    sql,
+    admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 2 }),
+    auth: new Authenticator(sql, 30_000),
+    metrics: createApiMetrics(new client.Registry()),
+    log: silentLogger,
+    bodyLimit: 65536,
+    consoleAssets: await loadConsoleAssets(),
+  });
+  const token = async (kind: "tenant" | "service", name: string) => {
+    const t = newToken();
+    if (kind === "tenant") await insertTenant(sql, name);
+    await insertToken(sql, await hashToken(t), {
+      kind,
+      tenant_id: kind === "tenant" ? name : null,
+      name,
+    });
+    return t;
+  };
+  return {
+    db,
+    app,
+    acme: await token("tenant", "acme"),
+    globex: await token("tenant", "globex"),
+    relay: await token("service", "relay"),
+  };
+}
+
+async function admit(w: World, token: string, body: Record<string, unknown>) {
+  const r = await w.app.request("/v1/runs", {
+    method: "POST",
+    body: JSON.stringify({ workflow_ref: "echo", ...body }),
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+  });
+  assert.ok(r.status === 201 || r.status === 200, `admission: ${r.status}`);
+  return (await r.json()) as { run_id: string };
+}
+
+async function get(w: World, path: string, token?: string, extra: Record<string, string> = {}) {
+  const headers: Record<string, string> = { ...extra };
+  if (token) headers.authorization = `Bearer ${token}`;
+  const r = await w.app.request(path, { headers });
+  return { status: r.status, headers: r.headers, text: await r.text() };
+}
+
+function assertSecurityHeaders(headers: Headers, path: string) {
+  assert.equal(headers.get("content-security-policy"), CONSOLE_CSP, path);
+  assert.equal(headers.get("x-content-type-options"), "nosniff", path);
+  assert.equal(headers.get("referrer-policy"), "no-referrer", path);
+}
+
+Deno.test("console: pages, fragments and run events", async (t) => {
+  const w = await world();
+  try {
+    await t.step("every console response has the CSP, nosniff and no-referrer", async () => {
+      const run = await admit(w, w.acme, {});
+      for (
+        const [path, token] of [
+          ["/console/login", undefined],
+          ["/console/runs", undefined],
+          [`/console/runs/${run.run_id}`, undefined],
+          ["/console/queue", undefined],
+          ["/console/app.js", undefined],
+          ["/console/console.css", undefined],
+          ["/console/fragments/runs", undefined], // 401
+          ["/console/fragments/runs", w.acme],
+          [`/console/fragments/runs/${run.run_id}`, w.acme],
+          ["/console/fragments/queue", w.acme],
+          ["/console/runs/not-a-run", undefined], // 404
+        ] as const
+      ) {
+        const r = await get(w, path, token);
+        assertSecurityHeaders(r.headers, path);
+      }
+      assert.equal(
+        (await get(w, "/console/app.js")).headers.get("content-type"),
+        "text/javascript; charset=utf-8",
+      );
+      assert.equal(
+        (await get(w, "/console/console.css")).headers.get("content-type"),
+        "text/css; charset=utf-8",
+      );
+    });
+
+    await t.step("the CSP is as strict as promised", () => {
+      const d = new Map(CONSOLE_CSP.split("; ").map((p) => [p.split(" ")[0], p]));
+      assert.equal(d.get("default-src"), "default-src 'none'");
+      assert.equal(d.get("script-src"), "script-src 'self'");
+      assert.equal(d.get("style-src"), "style-src 'self'");
+      assert.equal(d.get("frame-ancestors"), "frame-ancestors 'none'");
+      assert.ok(!CONSOLE_CSP.includes("unsafe"));
+    });
+
+    await t.step("shells carry no tenant data and load only same-origin files", async () => {
+      const shell = await get(w, "/console/runs");
+      assert.equal(shell.status, 200);
+      assert.match(shell.text, /^<!doctype html>/);
+      assert.match(shell.text, /<script src="\/console\/app\.js" defer(="")?><\/script>/);
+      assert.ok(!/<script>/.test(shell.text), "no inline script");
+      assert.ok(!/ style=/.test(shell.text), "no inline style");
+      assert.ok(!/https?:\/\//.test(shell.text.replaceAll("http://www.w3.org/2000/svg", "")));
+      const redirect = await w.app.request("/console");
+      assert.equal(redirect.status, 303);
+      assert.equal(redirect.headers.get("location"), "/console/runs");
+    });
+
+    await t.step("fragments need a valid bearer token", async () => {
+      for (const path of ["/console/fragments/runs", "/console/fragments/queue"]) {
+        assert.equal((await get(w, path)).status, 401);
+        assert.equal((await get(w, path, newToken())).status, 401);
+      }
+      assert.equal((await get(w, "/console/fragments/whoami", w.acme)).text, '{"tenant":"acme"}');
+      const service = await get(w, "/console/fragments/whoami", w.relay, {
+        "poimen-tenant": "globex",
+      });
+      assert.equal(service.text, '{"tenant":"globex"}');
+    });
+
+    await t.step("hostile values are rendered as text, never as markup", async () => {
+      const run = await admit(w, w.acme, {
+        dispatch_key: `${SCRIPT}${IMG}`,
+        goal_id: IMG,
+        input: { note: SCRIPT, attr: IMG },
+      });
+      const list = await get(
+        w,
+        `/console/fragments/runs?dispatch_key=${encodeURIComponent(`${SCRIPT}${IMG}`)}`,
+        w.acme,
+      );
+      const detail = await get(w, `/console/fragments/runs/${run.run_id}`, w.acme);
+      for (const page of [list, detail]) {
+        assert.equal(page.status, 200);
+        assert.ok(page.text.includes(run.run_id));
+        assert.ok(!page.text.includes("<script"), "no script element");
+        assert.ok(!page.text.includes("<img"), "no img element");
+        assert.ok(page.text.includes("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert.ok(page.text.includes("&lt;img src=x onerror=alert(2)&gt;"));
+      }
+      // In an attribute (the filter form's value), the quote is escaped too.
+      assert.ok(list.text.includes('value="&lt;script&gt;alert(1)&lt;/script&gt;&quot;&gt;'));
+    });
+
+    await t.step("a tenant sees only its own runs, events and queue", async () => {
+      const mine = await admit(w, w.acme, { dispatch_key: "acme-only" });
+      for (
+        const path of [
+          `/console/fragments/runs/${mine.run_id}`,
+          `/v1/runs/${mine.run_id}/events`,
+        ]
+      ) {
+        assert.equal((await get(w, path, w.globex)).status, 404, path);
+      }
+      const list = await get(w, "/console/fragments/runs?dispatch_key=acme-only", w.globex);
+      assert.ok(!list.text.includes(mine.run_id));
+      assert.ok(list.text.includes("No runs match."));
+      const theirs = await get(w, "/console/fragments/queue", w.globex);
+      assert.match(theirs.text, /<div class="value" id="queued">0<\/div>/);
+      const ours = await get(w, "/console/fragments/queue", w.acme);
+      assert.doesNotMatch(ours.text, /<div class="value" id="queued">0<\/div>/);
+    });
+
+    await t.step("GET /v1/runs/{id}/events lists the run's events in order", async () => {
+      const run = await admit(w, w.acme, { input: { x: 1 } });
+      const r = await get(w, `/v1/runs/${run.run_id}/events`, w.acme);
+      assert.equal(r.status, 200);
+      const body = JSON.parse(r.text);
+      assert.equal(body.events.length, 1);
+      assert.equal(body.events[0].seq, 1);
+      assert.equal(body.events[0].type, "run.admitted");
+      assert.equal(body.events[0].published_at, null);
+      assert.equal((await get(w, `/v1/runs/not-a-uuid/events`, w.acme)).status, 404);
+      assert.equal((await get(w, `/v1/runs/${crypto.randomUUID()}/events`, w.acme)).status, 404);
+      assert.equal((await get(w, `/v1/runs/${run.run_id}/events`)).status, 401);
+    });
+
+    await t.step("the runs fragment filters and pages like /v1/runs", async () => {
+      const goal = `g-${crypto.randomUUID()}`;
+      const made = [];
+      for (let i = 0; i < 5; i++) made.push((await admit(w, w.acme, { goal_id: goal })).run_id);
+      const seen: string[] = [];
+      let path: string | undefined = `/console/fragments/runs?goal_id=${goal}&limit=2&status=`;
+      while (path) {
+        const page = await get(w, path, w.acme);
+        assert.equal(page.status, 200, page.text);
+        seen.push(...[...page.text.matchAll(/data-run-id="([^"]+)"/g)].map((m) => m[1]));
+        const older = /id="older" href="\/console\/runs\?([^"]+)"/.exec(page.text);
+        path = older ? `/console/fragments/runs?${older[1].replaceAll("&amp;", "&")}` : undefined;
+      }
+      assert.deepEqual(seen, made.reverse());
+      const bad = await get(w, "/console/fragments/runs?status=nope", w.acme);
+      assert.equal(bad.status, 422);
+    });
+
+    await t.step("the queue fragment draws a minute per bar over the last hour", async () => {
+      const q = await get(w, "/console/fragments/queue", w.acme);
+      assert.equal(q.status, 200);
+      assert.equal([...q.text.matchAll(/<rect /g)].length, 60);
+      const admittedThisHour = Number(/id="admitted-hour">(\d+)</.exec(q.text)?.[1]);
+      const [{ n }] = await w.db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where tenant_id = 'acme'`;
+      assert.equal(admittedThisHour, n);
+    });
+  } finally {
+    await w.db.drop();
+  }
+});
