@@ -6,9 +6,9 @@
  *
  * - counts are capped (`COUNT_CAP`), so a backlog of millions costs a
  *   bounded scan; the console shows "100000+";
- * - the tenant is compared twice, once in collation "C": the hot queue index
- *   keys `tenant_id collate "C"` (migration 003), the older status index the
- *   default collation, and either can serve the statement;
+ * - the tenant is compared in collation "C", as the queue index keys it
+ *   (migration 003): the primary key cannot serve those clauses, so a
+ *   tenant's queued runs are never found by walking all its runs;
  * - running runs are read through the lease index (every running run holds
  *   a lease), which is as small as the workers' concurrency;
  * - admissions per minute walk the primary key from the first UUIDv7 run id
@@ -37,18 +37,18 @@ export async function selectTenantQueue(sql: Sql, tenantId: string): Promise<Ten
   >`
     select
       (select count(*) from (select 1 from runs
-        where tenant_id = ${tenantId} and tenant_id collate "C" = ${tenantId}
+        where tenant_id collate "C" = ${tenantId}
           and status = 'queued'
         limit ${COUNT_CAP}) q)::int as queued,
       (select count(*) from (select 1 from runs
-        where tenant_id = ${tenantId} and tenant_id collate "C" = ${tenantId}
+        where tenant_id collate "C" = ${tenantId}
           and status = 'queued' and run_after <= now()
         limit ${COUNT_CAP}) d)::int as due,
       (select count(*) from runs
         where tenant_id collate "C" = ${tenantId}
           and status = 'running' and lease_expires_at is not null)::int as running,
       (select extract(epoch from now() - min(run_after)) from runs
-        where tenant_id = ${tenantId} and tenant_id collate "C" = ${tenantId}
+        where tenant_id collate "C" = ${tenantId}
           and status = 'queued' and run_after <= now())::float8 as oldest`;
   return {
     queued: r.queued,

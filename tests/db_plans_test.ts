@@ -34,6 +34,9 @@ import {
   parkEvents,
   purgePublished,
 } from "../db/outbox.ts";
+import { selectAdmissionsPerMinute, selectTenantQueue } from "../db/queue_overview.ts";
+import { selectRunEvents } from "../db/runs.ts";
+import { uuidv7Floor } from "../core/uuid.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 
 const TENANTS = 20;
@@ -136,6 +139,24 @@ function hotStatements(s: Sample): HotStatement[] {
       name: "queue: queueStats",
       call: (sql) => queueStats(sql),
       indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "console: selectTenantQueue",
+      call: (sql) => selectTenantQueue(sql, s.tenant),
+      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "console: selectAdmissionsPerMinute",
+      call: (sql) => {
+        const since = new Date(Date.now() - 60 * 60_000);
+        return selectAdmissionsPerMinute(sql, s.tenant, since, uuidv7Floor(since.getTime()));
+      },
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "console: selectRunEvents",
+      call: (sql) => selectRunEvents(sql, s.tenant, s.runningRun, 1000),
+      indexes: { work_events: ["work_events_pkey"] },
     },
     {
       name: "outbox: claimPendingEvents",
