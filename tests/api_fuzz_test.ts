@@ -21,6 +21,7 @@ import { builtinRegistry } from "../workflows/builtin.ts";
 import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
+import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 
@@ -44,6 +45,7 @@ async function setUp() {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit: BODY_LIMIT,
+    consoleAssets: await loadConsoleAssets(),
   });
   for (const name of ["acme", "globex"] as const) {
     tokens[name] = newToken();
