@@ -92,13 +92,16 @@ const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
  *
  * Fair: the tenants with due runs take turns, not the oldest runs of all
  * (one tenant's backlog of 100,000 would make every other tenant wait until
- * it drained). The `limit` slots are shared among the tenants whose oldest
- * due run waited longest, at most `limit` of them, as evenly as they divide;
- * each takes its share oldest first, skipping rows other workers hold
- * (`FOR UPDATE SKIP LOCKED`). A tenant with fewer due runs than its share
- * leaves the rest of the slots empty until the next claim. One tenant alone
- * gets all of them. The cost is one index probe per tenant with queued runs,
- * plus one per claimed run.
+ * it drained). Each of the `limit` slots goes to the tenant it leaves with
+ * the fewest runs in flight (ties: the tenant whose oldest due run waited
+ * longest): a tenant with nothing running comes first, a tenant with a
+ * backlog gets what the others leave, and with more tenants than slots the
+ * ones just served wait for the others, round-robin. Each tenant then takes
+ * its share oldest first, skipping rows other workers hold (`FOR UPDATE SKIP
+ * LOCKED`); a tenant with fewer due runs than its share leaves those slots
+ * empty until the next claim. One tenant alone gets every slot. The cost is
+ * one index probe per tenant with queued runs, one per run in flight and
+ * one per claimed run.
  *
  * The claimed rows are updated through `INSERT … ON CONFLICT (tenant_id,
  * run_id) DO UPDATE`, which always conflicts (each row exists and is locked
@@ -115,17 +118,30 @@ export async function claimRuns(
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
     with recursive ${sql.unsafe(QUEUED_TENANTS)},
+    -- Runs in flight per tenant: the running partial index, as long as the
+    -- fleet's concurrency, not the table.
+    in_flight as (
+      select tenant_id collate "C" as tenant_id, count(*) as running
+        from runs
+       where status = 'running' and lease_expires_at is not null
+       group by 1
+    ),
+    -- First in line: the tenants with the fewest runs in flight, then the
+    -- longest waiting. No more of them than there are slots.
     served as (
-      select tenant_id, row_number() over (order by run_after, tenant_id) as pos
-        from heads
-       order by run_after, tenant_id
+      select h.tenant_id, h.run_after, coalesce(f.running, 0) as running
+        from heads h left join in_flight f on f.tenant_id = h.tenant_id
+       order by 3, 2, 1
        limit ${limit}
     ),
-    -- limit / n slots each, and one more for the first limit % n.
+    -- Each slot goes to the tenant it leaves with the fewest runs in flight.
     shares as (
-      select tenant_id,
-             ${limit}::int / n + case when pos <= ${limit}::int % n then 1 else 0 end as share
-        from (select tenant_id, pos, count(*) over () as n from served) s
+      select tenant_id, count(*) as share
+        from (select s.tenant_id from served s
+               cross join generate_series(1, ${limit}::int) k
+               order by s.running + k, s.run_after, s.tenant_id
+               limit ${limit}) slot
+       group by tenant_id
     ),
     picked as (
       select c.*

@@ -99,7 +99,7 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease),
-      indexes: { runs: ["runs_queued_tenant_idx"] },
+      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
     },
     {
       name: "queue: heartbeat",

@@ -85,13 +85,34 @@ Deno.test("fairness: tenants share a claim as evenly as it divides, the longest-
     await backlog(db.sql, "a", 100, 300); // waiting longest
     await backlog(db.sql, "b", 100, 200);
     await backlog(db.sql, "c", 100, 100);
-    const first = await claimRuns(db.sql, "w1", 8, LEASE_MS);
-    assert.deepEqual(countBy(first, (r) => r.tenant_id), { a: 3, b: 3, c: 2 });
-    // Two slots for three tenants: the two that waited longest.
-    await db.sql`update runs set run_after = now() - interval '1 hour'
-                  where tenant_id = 'c' and status = 'queued'`;
-    const second = await claimRuns(db.sql, "w1", 2, LEASE_MS);
-    assert.deepEqual(countBy(second, (r) => r.tenant_id), { a: 1, c: 1 });
+    const claimed = await claimRuns(db.sql, "w1", 8, LEASE_MS);
+    assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 3, b: 3, c: 2 });
+  });
+});
+
+Deno.test("fairness: slots go to the tenants with the fewest runs in flight", async () => {
+  await withDb(async (db) => {
+    await backlog(db.sql, "a", 100, 300);
+    await backlog(db.sql, "b", 100, 200);
+    await claimRuns(db.sql, "w1", 3, LEASE_MS); // a: 2 running, b: 1
+    await backlog(db.sql, "c", 100, 100);
+    // Each slot raises the lowest count: c 0→1, then b 1→2 and c 1→2 (b
+    // waited longer), then a 2→3 (longest waiting among a, b and c at 2).
+    const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS);
+    assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 1, b: 1, c: 2 });
+  });
+});
+
+Deno.test("fairness: with more tenants than slots, each claim serves the tenants the last ones did not", async () => {
+  await withDb(async (db) => {
+    for (const [i, t] of ["a", "b", "c", "d", "e", "f"].entries()) {
+      await backlog(db.sql, t, 50, 600 - i * 10); // a waited longest
+    }
+    const rounds: string[][] = [];
+    for (let i = 0; i < 3; i++) {
+      rounds.push((await claimRuns(db.sql, "w1", 2, LEASE_MS)).map((r) => r.tenant_id).sort());
+    }
+    assert.deepEqual(rounds, [["a", "b"], ["c", "d"], ["e", "f"]]);
   });
 });
 
