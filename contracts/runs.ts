@@ -6,6 +6,7 @@
  * it depends on zod alone.
  */
 import { z } from "zod";
+import type * as Wire from "./wire.ts";
 
 // Printable: no control characters (C0, DEL, C1) and no lone surrogates.
 const PRINTABLE = /^[^\p{Cc}\p{Cs}]+$/u;
@@ -188,7 +189,9 @@ export const RunRequest = z.strictObject({
 });
 export type RunRequest = z.infer<typeof RunRequest>;
 
+/** Where a run is in its lifecycle. */
 export const RunStatus = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
+export type RunStatus = z.infer<typeof RunStatus>;
 
 /** A run as the API returns it. */
 export const Run = z.object({
@@ -213,12 +216,14 @@ export const Run = z.object({
 });
 export type Run = z.infer<typeof Run>;
 
+/** One page of `GET /v1/runs`. */
 export const RunPage = z.object({
   runs: z.array(Run),
   next_cursor: z.string().nullable().describe(
     "Pass as `cursor` for the next page; null at the end",
   ),
 });
+export type RunPage = z.infer<typeof RunPage>;
 
 /** One event of a run, as `GET /v1/runs/{run_id}/events` returns it. */
 export const RunEvent = z.object({
@@ -272,14 +277,18 @@ export const Problem = z.object({
 });
 export type Problem = z.infer<typeof Problem>;
 
-/** Headers of the admission protocol. */
-export const HEADERS = {
-  /** A service token names the tenant it acts for. */
-  tenant: "Poimen-Tenant",
-  /** A service token says where the request came from (the relay: `kafka:<topic>/<partition>/<offset>`). */
-  source: "Poimen-Source",
-  /** On 200: this dispatch key was seen, the body is the first run. */
-  replayed: "Idempotent-Replayed",
-  /** On a replay whose body differs from the original's. */
-  bodyMismatch: "Idempotent-Body-Mismatch",
-} as const;
+/** Headers of the admission protocol (defined in wire.ts, which needs no zod). */
+export { HEADERS } from "./wire.ts";
+
+// The plain types of wire.ts (what the clients show their users) and the
+// schemas above must describe the same shapes: a difference fails here.
+type Same<A, B> = (<T>() => T extends A ? 1 : 2) extends (<T>() => T extends B ? 1 : 2) ? true
+  : false;
+const sameShapes: [
+  Same<RunRequest, Wire.RunRequest>,
+  Same<RunStatus, Wire.RunStatus>,
+  Same<Run, Wire.Run>,
+  Same<RunPage, Wire.RunPage>,
+  Same<Problem, Wire.Problem>,
+] = [true, true, true, true, true];
+void sameShapes;

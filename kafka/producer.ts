@@ -77,6 +77,16 @@ export function recordBatchBytes(m: ProduceMessage): number {
 
 const utf8 = new TextEncoder();
 
+/**
+ * The partition of `key` in a topic of `partitions` partitions: murmur2 of
+ * its UTF-8 bytes, positive, modulo the count, exactly as Kafka's Java
+ * client does, so every producer of a key (this one, the outbox's, a
+ * publisher in another language) agrees on where the key lives.
+ */
+export function partitionFor(key: string, partitions: number): number {
+  return (murmur2(Buffer.from(key, "utf8")) & 0x7fffffff) % partitions;
+}
+
 /** Options of `createProducer`. */
 export interface ProducerOptions extends KafkaClientOptions {
   /**
@@ -112,8 +122,7 @@ export function createProducer(opts: ProducerOptions): KafkaProducer {
       const metadata = await producer.metadata({ topics });
       const partitions = messages.map((m) => {
         if (m.partition !== undefined) return m.partition;
-        const count = metadata.topics.get(m.topic)?.partitionsCount ?? 1;
-        return (murmur2(Buffer.from(m.key, "utf8")) & 0x7fffffff) % count;
+        return partitionFor(m.key, metadata.topics.get(m.topic)?.partitionsCount ?? 1);
       });
       const result = await producer.send({
         messages: messages.map((m, i) => ({

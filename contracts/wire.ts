@@ -1,0 +1,111 @@
+/**
+ * The runs API's wire format as plain TypeScript, with no dependency: the
+ * types of what goes over HTTP and Kafka, and the protocol's header names.
+ * The zod schemas in runs.ts validate the same shapes; it re-exports these
+ * names and the type checker holds the two together (a field added to a
+ * schema and not here, or the other way round, fails `deno check`). The
+ * clients (client/) take their types from here, so they load no
+ * third-party code and their documentation shows real fields.
+ */
+
+/** The admission request: `POST /v1/runs` body and `poimen.<tenant>.dispatch` message value. */
+export interface RunRequest {
+  /** `name` (newest version, pinned at admission) or `name@version`. */
+  workflow_ref: string;
+  /** The workflow's input (any JSON); null when absent. */
+  input?: unknown;
+  /** Groups runs that serve one goal (printable, at most 255 characters). */
+  goal_id?: string | null;
+  /**
+   * Caller-chosen identity of the intended run: the same (tenant,
+   * dispatch_key) makes one run (printable, at most 255 characters).
+   */
+  dispatch_key?: string | null;
+}
+
+/** Where a run is in its lifecycle. */
+export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+/** A run as the API returns it. */
+export interface Run {
+  /** The run's id (a UUID). */
+  run_id: string;
+  /** The tenant it belongs to. */
+  tenant_id: string;
+  /** The workflow as asked (`name` or `name@version`). */
+  workflow_ref: string;
+  /** The resolved workflow name. */
+  workflow: string;
+  /** The version pinned at admission. */
+  workflow_version: number;
+  /** Where it is in its lifecycle. */
+  status: RunStatus;
+  /** The goal it serves, if any. */
+  goal_id: string | null;
+  /** The identity it was asked for with, if any. */
+  dispatch_key: string | null;
+  /** `http:<token name>` or `kafka:<topic>/<partition>/<offset>`. */
+  source: string;
+  /** Attempts started so far. */
+  attempts: number;
+  /** Attempts allowed before it fails for good. */
+  max_attempts: number;
+  /** The input; only on `GET /v1/runs/{run_id}`. */
+  input?: unknown;
+  /** What the workflow returned, once succeeded. */
+  result: unknown;
+  /** Why it failed, once failed. */
+  error: unknown;
+  /** RFC 3339 timestamps. */
+  created_at: string;
+  /** When it last changed. */
+  updated_at: string;
+  /** When its current or last attempt started. */
+  started_at: string | null;
+  /** When it reached a final status. */
+  finished_at: string | null;
+}
+
+/** One page of `GET /v1/runs`. */
+export interface RunPage {
+  /** The runs of the page, newest first. */
+  runs: Run[];
+  /** Pass as `cursor` for the next page; null at the end. */
+  next_cursor: string | null;
+}
+
+/** One failing field of a schema error. */
+export interface ProblemFieldError {
+  /** Where in the body, dot-separated (`input.items.0`), or `(body)`. */
+  path: string;
+  /** What is wrong with it. */
+  message: string;
+}
+
+/** RFC 9457 problem details, as the API sends them (`application/problem+json`). */
+export interface Problem {
+  /** `https://poimen.dev/problems/<code>`. */
+  type: string;
+  /** A short summary of the kind of problem. */
+  title: string;
+  /** The HTTP status. */
+  status: number;
+  /** What went wrong with this request. */
+  detail?: string;
+  /** Whether the same request may succeed later. */
+  retryable: boolean;
+  /** The failing fields of a schema error. */
+  errors?: ProblemFieldError[];
+}
+
+/** Headers of the admission protocol. */
+export const HEADERS = {
+  /** A service token names the tenant it acts for. */
+  tenant: "Poimen-Tenant",
+  /** A service token says where the request came from (the relay: `kafka:<topic>/<partition>/<offset>`). */
+  source: "Poimen-Source",
+  /** On 200: this dispatch key was seen, the body is the first run. */
+  replayed: "Idempotent-Replayed",
+  /** On a replay whose body differs from the original's. */
+  bodyMismatch: "Idempotent-Body-Mismatch",
+} as const;
