@@ -6,9 +6,9 @@
  * against the schema first; `--raw` publishes it unchecked (to try the
  * relay's dead-lettering). Prints `topic partition offset`.
  */
-import { formatPath, RunRequest } from "../contracts/runs.ts";
-import { createProducer } from "../kafka/producer.ts";
-import { dispatchMessageKey, dispatchTopic, isTenantId } from "../contracts/topics.ts";
+import { DispatchPublisher, PoimenProblem } from "../client/dispatch.ts";
+import { isTenantId } from "../contracts/topics.ts";
+import type { RunRequest } from "../contracts/wire.ts";
 import { KafkaCliEnv, readKafkaCliConfig } from "./kafka_config.ts";
 import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
@@ -18,7 +18,8 @@ const COMMAND = {
   description: `
 Publishes one message to poimen.<tenant>.dispatch, as an orchestrator would:
 the value is the POST /v1/runs body, the key <tenant>/<dispatch_key>. The
-body is checked against the schema first. Prints "topic partition offset".`,
+body is checked against the schema first; a body without dispatch_key gets
+a random one (printed on stderr). Prints "topic partition offset".`,
   flags: {
     raw: { type: "boolean", description: "publish the body unchecked (to try dead-lettering)" },
   },
@@ -34,37 +35,36 @@ export async function main(argv: string[]): Promise<number> {
   if (!isTenantId(tenant)) {
     return usageError(COMMAND, `bad tenant id ${JSON.stringify(tenant)}`);
   }
-  let dispatchKey: string | undefined;
+  let body: unknown;
   if (!raw) {
-    let body: unknown;
     try {
       body = JSON.parse(value);
     } catch (err) {
       console.error(`dispatch: the body is not JSON: ${(err as Error).message}`);
       return 65;
     }
-    const parsed = RunRequest.safeParse(body);
-    if (!parsed.success) {
-      const i = parsed.error.issues[0];
-      console.error(`dispatch: ${formatPath(i.path) || "body"}: ${i.message}`);
-      return 65;
-    }
-    dispatchKey = parsed.data.dispatch_key ?? undefined;
   }
   const config = readKafkaCliConfig();
-  const producer = createProducer({
+  // The one publisher of dispatch messages (client/dispatch.ts): the same
+  // checks, key and headers as any service that imports it.
+  const publisher = new DispatchPublisher({
     brokers: config.brokers,
     clientId: `${config.KAFKA_CLIENT_ID}-dispatch`,
   });
   try {
-    const [at] = await producer.send([{
-      topic: dispatchTopic(tenant),
-      key: dispatchMessageKey(tenant, dispatchKey),
-      value,
-    }]);
+    const at = raw
+      ? await publisher.publishRaw(tenant, value)
+      : await publisher.publish(tenant, body as RunRequest);
+    if (!raw && at.generatedKey) {
+      console.error(`dispatch: dispatch_key ${at.dispatchKey} (generated)`);
+    }
     console.log(`${at.topic} ${at.partition} ${at.offset}`);
     return 0;
+  } catch (err) {
+    if (!(err instanceof PoimenProblem)) throw err;
+    for (const e of err.errors) console.error(`dispatch: ${e.path}: ${e.message}`);
+    return 65;
   } finally {
-    await producer.close();
+    await publisher.close();
   }
 }

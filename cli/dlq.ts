@@ -15,7 +15,7 @@ import { z } from "zod";
 import { brokerList, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
-import { HEADERS } from "../contracts/runs.ts";
+import { PoimenClient } from "../client/http.ts";
 import { DLQ_HEADERS, redriven } from "../relay/dead_letter.ts";
 import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
@@ -202,22 +202,18 @@ function dispatchKeyOf(m: ConsumedMessage): string | undefined {
 
 /** Finds a tenant's run by dispatch key through the API (never the database). */
 class RunLookup {
-  readonly #url: string;
-  readonly #headers: Record<string, string>;
+  readonly #client: PoimenClient;
 
   constructor(apiUrl: string, token: string, tenant: string) {
-    this.#url = apiUrl.replace(/\/+$/, "") + "/v1/runs";
-    this.#headers = { authorization: `Bearer ${token}`, [HEADERS.tenant]: tenant };
+    // Either token works: Poimen-Tenant names the tenant a service token acts
+    // for, and a tenant token of this tenant is let through with it.
+    this.#client = new PoimenClient({ url: apiUrl, token, tenant, retry: { maxAttempts: 3 } });
   }
 
   async find(dispatchKey: string): Promise<string | undefined> {
-    const url = `${this.#url}?dispatch_key=${encodeURIComponent(dispatchKey)}&limit=1`;
-    const res = await fetch(url, { headers: this.#headers });
-    if (!res.ok) {
-      const body = await res.text();
-      throw new Error(`GET /v1/runs answered ${res.status}: ${body.slice(0, 200)}`);
+    for await (const page of this.#client.listRuns({ dispatch_key: dispatchKey, limit: 1 })) {
+      return page.runs[0]?.run_id;
     }
-    const page = await res.json() as { runs: { run_id: string }[] };
-    return page.runs[0]?.run_id;
+    return undefined;
   }
 }

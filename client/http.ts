@@ -127,7 +127,11 @@ export class PoimenNetworkError extends Error {
 export interface RetryOptions {
   /** Attempts in all, the first included (default 6; 1 = no retry). */
   maxAttempts?: number;
-  /** No retry starts later than this many ms after the call began (default: none). */
+  /**
+   * The call gives up this many ms after it began (default: never): an
+   * attempt still waiting then times out, and a retry that could not start
+   * before it (a backoff or `Retry-After` past it) is not made.
+   */
   deadlineMs?: number;
   /** First backoff ceiling, in ms; it doubles per retry (default 200). */
   baseDelayMs?: number;
