@@ -134,6 +134,16 @@ Deno.test({
       const sent = await run("dispatch", [tenant, "not json", "--raw"], env);
       assert.equal(sent.code, 0, sent.stderr);
       assert.match(sent.stdout, new RegExp(`^poimen\\.${tenant}\\.dispatch 0 0\\n$`));
+
+      // Checked against the schema by the publisher (client/dispatch.ts).
+      const invalid = await run("dispatch", [tenant, '{"workflow_ref":"Not A Ref"}'], env);
+      assert.equal(invalid.code, 65, invalid.stdout);
+      assert.match(invalid.stderr, /^dispatch: workflow_ref: /m);
+      // A body without a key gets one, said on stderr.
+      const keyless = await run("dispatch", [tenant, '{"workflow_ref":"echo"}'], env);
+      assert.equal(keyless.code, 0, keyless.stderr);
+      assert.match(keyless.stdout, new RegExp(`^poimen\\.${tenant}\\.dispatch 0 1\\n$`));
+      assert.match(keyless.stderr, /dispatch_key [0-9a-f-]{36} \(generated\)/);
     } finally {
       const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
       try {
