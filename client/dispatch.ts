@@ -37,7 +37,7 @@
  *
  * @module
  */
-import { RunRequest as RunRequestSchema } from "../contracts/runs.ts";
+import { formatPath, RunRequest as RunRequestSchema } from "../contracts/runs.ts";
 import type { RunRequest } from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import { dispatchMessageKey, dispatchTopic } from "../contracts/topics.ts";
@@ -160,10 +160,13 @@ export class DispatchPublisher {
         retryable: false,
         title: ERRORS.validation.title,
         detail: "the dispatch message does not match the schema",
-        errors: parsed.error.issues.map((i) => ({
-          path: i.path.map(String).join(".") || "(body)",
-          message: i.message,
-        })),
+        // Reported as the API reports them (api/request.ts): one entry per
+        // unknown field, at most 20.
+        errors: parsed.error.issues.flatMap((i) =>
+          i.code === "unrecognized_keys"
+            ? i.keys.map((k) => ({ path: formatPath([...i.path, k]), message: "unknown field" }))
+            : [{ path: formatPath(i.path) || "(body)", message: i.message }]
+        ).slice(0, 20),
       });
     }
     const given = parsed.data.dispatch_key ?? undefined;
