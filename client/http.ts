@@ -55,6 +55,8 @@ export interface PoimenProblemInit {
   errors?: ProblemFieldError[];
   /** The server's `Retry-After`, in ms. */
   retryAfterMs?: number;
+  /** Members of the problem beyond the standard ones (e.g. `run_status` of a 409 `run-finished`). */
+  extensions?: Record<string, unknown>;
   /** What caused it, kept as the error's `cause`. */
   cause?: unknown;
 }
@@ -85,6 +87,11 @@ export class PoimenProblem extends Error {
   readonly errors: ProblemFieldError[];
   /** The server's `Retry-After`, in ms, when it sent one. */
   readonly retryAfterMs: number | undefined;
+  /**
+   * Members of the problem beyond the standard ones, e.g. `run_status` of
+   * a 409 `run-finished` (RFC 9457 extension members).
+   */
+  readonly extensions: Record<string, unknown>;
 
   /** Builds a problem; the client does this for every error answer. */
   constructor(init: PoimenProblemInit) {
@@ -102,6 +109,7 @@ export class PoimenProblem extends Error {
     this.detail = init.detail;
     this.errors = init.errors ?? [];
     this.retryAfterMs = init.retryAfterMs;
+    this.extensions = init.extensions ?? {};
   }
 }
 
@@ -435,6 +443,10 @@ function problemOf(response: Response, text: string): PoimenProblem {
   if (typeof type !== "string" || !type.startsWith(PROBLEM_BASE)) {
     return unexpected(response, text, `HTTP ${response.status}`);
   }
+  const STANDARD = ["type", "title", "status", "detail", "instance", "retryable", "errors"];
+  const extensions = Object.fromEntries(
+    Object.entries(body ?? {}).filter(([k]) => !STANDARD.includes(k)),
+  );
   const errors = Array.isArray(body?.errors)
     ? body.errors.filter((e) => typeof e?.path === "string" && typeof e?.message === "string")
     : [];
@@ -449,6 +461,7 @@ function problemOf(response: Response, text: string): PoimenProblem {
     detail: typeof body?.detail === "string" ? body.detail : undefined,
     errors,
     retryAfterMs: parseRetryAfter(response.headers.get("retry-after")),
+    extensions,
   });
 }
 

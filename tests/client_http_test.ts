@@ -346,7 +346,9 @@ Deno.test({
       const err = await client.cancelRun(done.run_id).catch((e) => e);
       assert.ok(err instanceof PoimenProblem, String(err));
       assert.equal(err.status, 409);
+      assert.equal(err.code, "run-finished");
       assert.equal(err.retryable, false);
+      assert.equal(err.extensions.run_status, "succeeded");
       assert.equal((await client.getRun(done.run_id)).status, "succeeded");
     } finally {
       await api.stop("SIGKILL");
