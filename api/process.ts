@@ -4,7 +4,8 @@ import { processEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { once, runUntilSignal } from "../core/lifecycle.ts";
 import { createPool } from "../db/pool.ts";
-import { notifyQueued } from "../db/queue.ts";
+import { QUEUE_CHANNEL } from "../db/queue.ts";
+import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
@@ -35,9 +36,11 @@ export async function main(args: string[]): Promise<number> {
     applicationName: "poimen-api",
   });
   const metrics = createApiMetrics(new client.Registry());
+  // One NOTIFY after admissions commit wakes both the workers (runs queued)
+  // and the outbox relay (their run.admitted events are pending).
   const waker = new Waker(
-    () => notifyQueued(sql),
-    (err) => log.warn("worker wake-up failed", { error: err }),
+    () => notifyChannels(sql, [QUEUE_CHANNEL, OUTBOX_CHANNEL]),
+    (err) => log.warn("wake-up failed", { error: err }),
   );
   const admission = new Admission(sql, builtinRegistry(config.DEFAULT_MAX_ATTEMPTS), {
     maxBatch: config.ADMISSION_MAX_BATCH,

@@ -19,7 +19,7 @@ export const outboxEnvSchema = z.object({
   ...logEnv,
   /** Most events claimed, published and marked in one transaction. */
   OUTBOX_BATCH_SIZE: positiveInt(500),
-  /** Polling interval when the last batch was not full. */
+  /** Polling interval when the last batch was not full: the fallback when no NOTIFY arrives. */
   OUTBOX_POLL_MS: z.coerce.number().int().min(1).default(200),
   /** How long published rows are kept before the purge deletes them. */
   OUTBOX_RETENTION_MS: millis(7 * DAY),

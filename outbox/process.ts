@@ -72,6 +72,12 @@ export async function main(args: string[]): Promise<number> {
     },
     log,
     hooks: metrics.hooks,
+    listener: () =>
+      createPool({
+        url: cfg.DATABASE_URL,
+        max: 1,
+        applicationName: `poimen-outbox-listen ${id}`.slice(0, 63),
+      }),
   });
   const purger = new OutboxPurger(sql, {
     retentionMs: cfg.OUTBOX_RETENTION_MS,

@@ -42,7 +42,8 @@
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
-import { backoffWithJitter, delay } from "../core/time.ts";
+import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import { OUTBOX_CHANNEL } from "../db/notify.ts";
 import {
   type ClaimedEvent,
   claimPendingEvents,
@@ -84,6 +85,14 @@ export interface OutboxRelayOptions {
   topics: TenantTopicOptions;
   log: Logger;
   hooks?: OutboxHooks;
+  /**
+   * Opens a pool used only to `LISTEN` on OUTBOX_CHANNEL, which the API and
+   * the workers notify after writing events: a batch starts then instead of
+   * after `pollMs`. postgres.js remembers a failed first LISTEN forever, so
+   * the relay retries with a fresh pool until one succeeds, polling meanwhile.
+   * Without it the relay only polls.
+   */
+  listener?: () => Sql;
 }
 
 // Produce requests are kept well under the topic's max.message.bytes; a
@@ -131,6 +140,11 @@ export class OutboxRelay implements Service {
   #outage: { phase: Phase; since: number; attempts: number } | undefined;
   #shipping: Promise<void> = Promise.resolve();
   #started = false;
+  /** A notification arrived since the last claim began: claim again without waiting. */
+  #woken = false;
+  #wakeup: AbortController | undefined;
+  #unlisten: (() => Promise<void>) | undefined;
+  #listening: Promise<void> = Promise.resolve();
 
   constructor(sql: Sql, kafka: OutboxKafka, opts: OutboxRelayOptions) {
     this.#sql = sql;
@@ -140,16 +154,20 @@ export class OutboxRelay implements Service {
     this.#maxBytes = opts.topics.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   }
 
-  /** Starts shipping in the background; never waits on Postgres or Kafka. */
-  start(): Promise<void> {
+  /**
+   * Starts shipping in the background; never waits on Kafka, and on Postgres
+   * only for the first LISTEN (so a notification sent after start() returns
+   * is not missed), which gives up at once if Postgres is away.
+   */
+  async start(): Promise<void> {
     if (this.#started) throw new Error("outbox relay already started");
     this.#started = true;
+    if (this.#opts.listener && !await this.#listen()) this.#listening = this.#listenLoop();
     this.#shipping = this.#shipLoop();
     this.#log.info("outbox relay started", {
       batch_size: this.#opts.batchSize,
       poll_ms: this.#opts.pollMs,
     });
-    return Promise.resolve();
   }
 
   /**
@@ -158,6 +176,12 @@ export class OutboxRelay implements Service {
    */
   readonly stop: () => Promise<void> = once(async () => {
     this.#abort.abort();
+    await this.#listening;
+    try {
+      await this.#unlisten?.();
+    } catch (err) {
+      this.#log.warn("unlisten failed", { error: err });
+    }
     const finished = await Promise.race([
       this.#shipping.then(() => true),
       delay(this.#opts.shutdownMs).then(() => false),
@@ -180,6 +204,9 @@ export class OutboxRelay implements Service {
     while (!signal.aborted) {
       let full: boolean;
       try {
+        // Reset before the claim: a notification arriving while it runs is
+        // kept and makes the next wait return at once.
+        this.#woken = false;
         const batch = await this.#shipBatch();
         full = batch.full;
         this.#recovered(batch.published);
@@ -193,7 +220,51 @@ export class OutboxRelay implements Service {
         continue;
       }
       // A full batch means more are probably waiting: go again at once.
-      if (!full) await delay(this.#opts.pollMs, signal);
+      if (!full) await this.#sleep(this.#opts.pollMs);
+    }
+  }
+
+  /** Waits `ms`, or less if notified (or stopping). */
+  async #sleep(ms: number): Promise<void> {
+    if (this.#woken) {
+      this.#woken = false;
+      return;
+    }
+    this.#wakeup = new AbortController();
+    await delay(ms, AbortSignal.any([this.#wakeup.signal, this.#abort.signal]));
+    this.#wakeup = undefined;
+    this.#woken = false;
+  }
+
+  #wake(): void {
+    this.#woken = true;
+    this.#wakeup?.abort();
+  }
+
+  async #listen(): Promise<boolean> {
+    const own = this.#opts.listener!();
+    try {
+      // onlisten also fires after postgres.js re-connects the listener:
+      // notifications sent while it was down are lost, so claim once then.
+      const sub = await own.listen(OUTBOX_CHANNEL, () => this.#wake(), () => this.#wake());
+      this.#unlisten = async () => {
+        await sub.unlisten();
+        await own.end({ timeout: 1 });
+      };
+      return true;
+    } catch (err) {
+      await own.end({ timeout: 0 }).catch(() => {});
+      this.#log.warn("listen failed; polling until it succeeds", { error: err });
+      return false;
+    }
+  }
+
+  async #listenLoop(): Promise<void> {
+    const signal = this.#abort.signal;
+    for (let n = 1; !signal.aborted; n++) {
+      await delay(backoffWithJitter(n, SECOND, 30 * SECOND), signal);
+      if (signal.aborted) return;
+      if (await this.#listen()) return;
     }
   }
 

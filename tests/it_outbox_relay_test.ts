@@ -15,6 +15,7 @@ import type { Sql } from "../db/pool.ts";
 import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
 import { OutboxRelay } from "../outbox/publisher.ts";
 import { silentLogger } from "../core/log.ts";
+import { SECOND } from "../core/time.ts";
 import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
 import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
@@ -23,6 +24,7 @@ import { type EventMessage, parseEventMessage } from "../contracts/events.ts";
 import { dispatchTopic, dlqTopic, eventMessageKey, eventsTopic } from "../contracts/topics.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
+  ApiProcess,
   freePort,
   permissions,
   PoimenProcess,
@@ -708,6 +710,56 @@ Deno.test({
       await relay.stop();
       await admin.close();
       await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "outbox_relay: events of a run admitted over HTTP and executed are published on a notification, long before the next poll",
+  ...KAFKA_TEST,
+  async fn() {
+    const db = await freshDatabase();
+    const tenant = newTenant();
+    const tok = await runCommand("token", [tenant], { DATABASE_URL: db.url });
+    assert.equal(tok.code, 0, tok.stderr);
+    // Polls a minute apart: only a notification can ship within the deadline below.
+    const env = { DATABASE_URL: db.url, KAFKA_BROKERS: BROKERS, LOG_LEVEL: "warn" };
+    const api = new ApiProcess(env);
+    const worker = new PoimenProcess("worker", { ...env, WORKER_POLL_MS: "60000" });
+    const relay = outbox(db, { OUTBOX_POLL_MS: "60000", LOG_LEVEL: "warn" });
+    const published = async (runId: string) => {
+      const [r] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from work_events
+         where tenant_id = ${tenant} and run_id = ${runId} and published_at is not null`;
+      return r.n === 3; // run.admitted, run.started, run.succeeded
+    };
+    try {
+      // A first run, admitted before the relay starts (no notification): its
+      // events ship in the relay's first rounds; after them it sleeps a minute.
+      const [first] = await admitRuns(db.sql, tenant, 1);
+      await waitFor("the first run's events published", () => published(first));
+      await api.ready();
+
+      const res = await fetch(`${api.url}/v1/runs`, {
+        method: "POST",
+        headers: {
+          authorization: `Bearer ${tok.stdout.trim()}`,
+          "content-type": "application/json",
+        },
+        body: JSON.stringify({ workflow_ref: "echo", input: { n: 2 } }),
+      });
+      assert.equal(res.status, 201);
+      const second = (await res.json()).run_id as string;
+      await waitFor(
+        "the second run's events published without waiting for a poll",
+        () => published(second),
+        5 * SECOND,
+      );
+    } finally {
+      const statuses = await Promise.all([api.stop(), worker.stop(), relay.stop()]);
+      await db.drop();
+      for (const s of statuses) assert.equal(s.code, 0);
     }
   },
 });

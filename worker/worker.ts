@@ -10,6 +10,7 @@
  */
 import type { Logger } from "../core/log.ts";
 import { Waker } from "../core/waker.ts";
+import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { backoffWithJitter, delay, MINUTE, SECOND } from "../core/time.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
@@ -124,6 +125,7 @@ export class Worker implements Service {
   readonly #stopping = new AbortController();
   readonly #loops: Promise<void>[] = [];
   readonly #notify: () => void;
+  readonly #eventsWritten: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
   readonly #reclaimer: Reclaimer;
   #started = false;
@@ -149,11 +151,19 @@ export class Worker implements Service {
       (err) => this.#log.warn("notify failed", { error: err }),
     );
     this.#notify = () => waker.poke();
+    // Every claim, finish, release and reclaim appends events: wake the
+    // outbox relay after they commit, coalesced like the queue wake-ups.
+    const eventsWaker = new Waker(
+      () => notifyChannels(sql, [OUTBOX_CHANNEL]),
+      (err) => this.#log.warn("outbox notify failed", { error: err }),
+    );
+    this.#eventsWritten = () => eventsWaker.poke();
     this.#reclaimer = new Reclaimer(sql, {
       intervalMs: this.#opts.reclaimMs,
       log: this.#log,
       onReclaimed: (runs) => {
         this.#opts.hooks.onReclaimed?.(runs);
+        if (runs.length > 0) this.#eventsWritten();
         // Requeued runs are due now: this worker and the others may take them.
         if (runs.some((r) => r.status === "queued")) {
           this.#wake();
@@ -244,7 +254,10 @@ export class Worker implements Service {
           );
           continue;
         }
-        if (claimed.length > 0) this.#opts.hooks.onClaimed?.(claimed.length);
+        if (claimed.length > 0) {
+          this.#opts.hooks.onClaimed?.(claimed.length);
+          this.#eventsWritten();
+        }
         for (const run of claimed) this.#execute(run, claimedAt);
         // A full batch suggests more are due: claim again without waiting.
         if (claimed.length === free) continue;
@@ -557,7 +570,10 @@ export class Worker implements Service {
   async #write<T>(lease: { until: number }, fn: () => Promise<T>): Promise<T | undefined> {
     for (let n = 1;; n++) {
       try {
-        return await fn();
+        const written = await fn();
+        // A fenced write wrote nothing; waking the relay for it is harmless.
+        this.#eventsWritten();
+        return written;
       } catch (err) {
         const transient = isUnavailable(err) || (err as { code?: string }).code === QUERY_CANCELED;
         if (!transient || Date.now() >= lease.until) throw err;
@@ -603,7 +619,8 @@ export class Worker implements Service {
     await Promise.all(writing);
     // Released runs are due now: wake the workers still running.
     if (released > 0) {
-      await notifyQueued(this.#sql).catch((err) => this.#log.warn("notify failed", { error: err }));
+      await notifyChannels(this.#sql, [QUEUE_CHANNEL, OUTBOX_CHANNEL])
+        .catch((err) => this.#log.warn("notify failed", { error: err }));
     }
   }
 }
