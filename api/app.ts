@@ -50,11 +50,11 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
   app.use("*", async (c, next) => {
     const started = performance.now();
     await next();
-    const route = routeLabel(c);
-    const caller = c.get("principal")?.kind ?? "none";
-    metrics.httpRequests.inc({ method: c.req.method, route, status: c.res.status, caller });
-    metrics.httpDuration.observe(
-      { method: c.req.method, route },
+    metrics.observeRequest(
+      c.req.method,
+      routeLabel(c),
+      c.res.status,
+      c.get("principal")?.kind ?? "none",
       (performance.now() - started) / 1000,
     );
   });

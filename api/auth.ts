@@ -79,10 +79,16 @@ export class Authenticator {
     throw new PoimenError(code, message);
   }
 
+  // Keyed by the token as presented, not by its hash: hashing (an async
+  // WebCrypto call) was the largest single CPU cost of an admission. The
+  // token is in this process' memory for the request anyway; only its hash
+  // is ever stored or sent to the database.
   async #token(token: string): Promise<TokenRow | undefined> {
-    const hash = await hashToken(token);
-    const key = Array.from(hash, (b) => b.toString(16).padStart(2, "0")).join("");
-    return await this.#cached(this.#tokens, key, () => selectToken(this.#sql, hash));
+    return await this.#cached(
+      this.#tokens,
+      token,
+      async () => selectToken(this.#sql, await hashToken(token)),
+    );
   }
 
   async #tenantExists(tenantId: string): Promise<boolean> {

@@ -3,10 +3,15 @@ import client from "prom-client";
 
 export type ApiMetrics = ReturnType<typeof createApiMetrics>;
 
-/** Creates the API's metrics on `registry`. */
+/**
+ * Creates the API's metrics on `registry`. `observeRequest` and
+ * `observeAdmission` reuse one labelled child per label set: prom-client
+ * hashes the label set on every `inc`/`observe` given labels, a cost paid per
+ * request on the admission path. Bounded like the label sets they mirror.
+ */
 export function createApiMetrics(registry: client.Registry) {
   const registers = [registry];
-  return {
+  const m = {
     registry,
     httpRequests: new client.Counter({
       name: "poimen_http_requests_total",
@@ -57,5 +62,44 @@ export function createApiMetrics(registry: client.Registry) {
       labelNames: ["reason"] as const,
       registers,
     }),
+  };
+  const requestChildren = new Map<string, {
+    count: client.Counter.Internal;
+    duration: client.Histogram.Internal<"method" | "route">;
+  }>();
+  const admissionChildren = new Map<string, {
+    count: client.Counter.Internal;
+    duration: client.Histogram.Internal<"outcome">;
+  }>();
+  return {
+    ...m,
+    /** One HTTP request answered: counted and timed. */
+    observeRequest(method: string, route: string, status: number, caller: string, seconds: number) {
+      const key = `${method} ${route} ${status} ${caller}`;
+      let c = requestChildren.get(key);
+      if (!c) {
+        if (requestChildren.size >= 1000) requestChildren.clear();
+        c = {
+          count: m.httpRequests.labels({ method, route, status, caller }),
+          duration: m.httpDuration.labels({ method, route }),
+        };
+        requestChildren.set(key, c);
+      }
+      c.count.inc();
+      c.duration.observe(seconds);
+    },
+    /** One admission answered (created, deduplicated or rejected): counted and timed. */
+    observeAdmission(outcome: "created" | "deduplicated" | "rejected", seconds: number) {
+      let c = admissionChildren.get(outcome);
+      if (!c) {
+        c = {
+          count: m.admissions.labels({ outcome }),
+          duration: m.admissionDuration.labels({ outcome }),
+        };
+        admissionChildren.set(outcome, c);
+      }
+      c.count.inc();
+      c.duration.observe(seconds);
+    },
   };
 }

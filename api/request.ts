@@ -38,13 +38,16 @@ export function limitBody(maxSize: number): MiddlewareHandler {
   });
 }
 
+// One decoder for every request: decode() without `stream` keeps no state between calls.
+const UTF8 = new TextDecoder("utf-8", { fatal: true });
+
 /** Reads the (already size-limited) body as JSON: 400 when empty, not UTF-8 or not JSON. */
 export async function parseJsonBody(c: Context): Promise<unknown> {
   const bytes = new Uint8Array(await c.req.arrayBuffer());
   if (bytes.byteLength === 0) throw new PoimenError("bad-json", "the body is empty");
   let text: string;
   try {
-    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    text = UTF8.decode(bytes);
   } catch {
     throw new PoimenError("bad-json", "the body is not UTF-8");
   }

@@ -105,8 +105,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
       : c.res.status === 200
       ? "deduplicated"
       : "rejected";
-    metrics.admissions.inc({ outcome });
-    metrics.admissionDuration.observe({ outcome }, (performance.now() - started) / 1000);
+    metrics.observeAdmission(outcome, (performance.now() - started) / 1000);
   };
 
   app.post("/", admissionMetrics, requireJson, limitBody(deps.bodyLimit), async (c) => {
