@@ -56,6 +56,13 @@ export function createApiMetrics(registry: client.Registry) {
       buckets: [1, 2, 4, 8, 16, 32, 64, 128],
       registers,
     }),
+    cancels: new client.Counter({
+      name: "poimen_run_cancels_total",
+      help:
+        "Cancels that changed a run, by what it became: cancelled (it was queued) or running (cancel requested of its worker)",
+      labelNames: ["status"] as const,
+      registers,
+    }),
     authFailures: new client.Counter({
       name: "poimen_auth_failures_total",
       help: "Requests refused by authentication or tenant checks, by reason",

@@ -96,6 +96,24 @@ export function openApiDocument(): unknown {
           },
         },
       },
+      "/v1/runs/{run_id}/cancel": {
+        post: {
+          summary: "Cancel a run (idempotent)",
+          description: "A queued run becomes `cancelled` at once. A running run gets " +
+            "`cancel_requested_at`: its handler's signal is aborted and the run ends " +
+            "`cancelled` once its worker sees the request (within a heartbeat). " +
+            "A cancelled run is returned as it is; a succeeded or failed one is a 409 " +
+            "`run-finished` problem naming its status in `run_status`.",
+          parameters: [{ name: "run_id", in: "path", required: true, schema: { type: "string" } }],
+          responses: {
+            "200": {
+              description: "The run, cancelled or with its cancel requested",
+              content: { "application/json": { schema: { $ref: "#/components/schemas/Run" } } },
+            },
+            ...problems(401, 403, 404, 409, 503),
+          },
+        },
+      },
     },
   };
   return cached;

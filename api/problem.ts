@@ -21,6 +21,7 @@ export function problemResponse(c: Context, err: unknown, log: Logger): Response
     });
   }
   const body: Problem = {
+    ...(e instanceof PoimenError ? pe.extensions : undefined),
     type: PROBLEM_BASE + pe.code,
     title: ERRORS[pe.code].title,
     status: pe.status,

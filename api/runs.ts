@@ -10,6 +10,8 @@ import {
   selectRunEvents,
   selectRuns,
 } from "../db/runs.ts";
+import { notifyCancel, requestCancel } from "../db/queue.ts";
+import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import {
   HEADERS,
@@ -27,6 +29,7 @@ export interface RunsDeps {
   sql: Sql;
   admission: Admission;
   metrics: ApiMetrics;
+  log: Logger;
   bodyLimit: number;
 }
 
@@ -52,6 +55,8 @@ export function toRun(row: RunRow & { input?: unknown }): Run {
     updated_at: iso(row.updated_at)!,
     started_at: iso(row.started_at),
     finished_at: iso(row.finished_at),
+    run_after: iso(row.run_after)!,
+    cancel_requested_at: iso(row.cancel_requested_at),
   };
 }
 
@@ -153,6 +158,30 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     const events = await selectRunEvents(sql, tenantId, runId, MAX_RUN_EVENTS);
     return c.json({ events: events.map(toRunEvent) });
+  });
+
+  // Cancel: idempotent. A queued run is cancelled at once; a running run's
+  // cancel is requested and its worker is told (a NOTIFY after the commit;
+  // its heartbeat finds the request anyway). Finished runs are left alone.
+  app.post("/:run_id/cancel", async (c) => {
+    const runId = c.req.param("run_id");
+    const tenantId = c.get("principal").tenantId;
+    if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
+    const requested = await requestCancel(sql, tenantId, runId);
+    const row = requested ?? await selectRun(sql, tenantId, runId);
+    if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    if (row.status === "succeeded" || row.status === "failed") {
+      throw new PoimenError("run-finished", `run ${runId} already ${row.status}`, {
+        extensions: { run_status: row.status },
+      });
+    }
+    if (requested?.status === "running") {
+      await notifyCancel(sql, tenantId, runId).catch((error) =>
+        deps.log.warn("cancel notify failed", { tenant: tenantId, run_id: runId, error })
+      );
+    }
+    if (requested) metrics.cancels.inc({ status: requested.status });
+    return c.json(toRun(row));
   });
 
   app.get("/", async (c) => {

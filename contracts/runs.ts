@@ -213,6 +213,10 @@ export const Run = z.object({
   updated_at: z.string(),
   started_at: z.string().nullable(),
   finished_at: z.string().nullable(),
+  run_after: z.string().describe("When the run is due: no attempt starts before"),
+  cancel_requested_at: z.string().nullable().describe(
+    "When a cancel was asked for; a running run ends `cancelled` once its worker sees it",
+  ),
 });
 export type Run = z.infer<typeof Run>;
 
@@ -274,6 +278,9 @@ export const Problem = z.object({
   detail: z.string().optional(),
   retryable: z.boolean(),
   errors: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
+  run_status: RunStatus.optional().describe(
+    "On `run-finished` (409): the status of the run a cancel found finished",
+  ),
 });
 export type Problem = z.infer<typeof Problem>;
 

@@ -32,6 +32,8 @@ export const ERRORS = {
   unauthorized: { status: 401, title: "Authentication required", retryable: false },
   forbidden: { status: 403, title: "Not allowed for this tenant", retryable: false },
   "not-found": { status: 404, title: "Not found", retryable: false },
+  /** Cancelling a run that already succeeded or failed: it is left as it is. */
+  "run-finished": { status: 409, title: "Run already finished", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   config: { status: 500, title: "Invalid configuration", retryable: false },
   /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
@@ -62,11 +64,13 @@ export class PoimenError extends Error {
   readonly status: number;
   readonly retryable: boolean;
   readonly errors?: FieldError[];
+  /** Extension members of the problem body (RFC 9457 §3.2), e.g. `run_status`. */
+  readonly extensions?: Record<string, string>;
 
   constructor(
     code: ErrorCode,
     message: string,
-    options: { cause?: unknown; errors?: FieldError[] } = {},
+    options: { cause?: unknown; errors?: FieldError[]; extensions?: Record<string, string> } = {},
   ) {
     super(message, { cause: options.cause });
     this.name = "PoimenError";
@@ -74,6 +78,7 @@ export class PoimenError extends Error {
     this.status = ERRORS[code].status;
     this.retryable = ERRORS[code].retryable;
     this.errors = options.errors;
+    this.extensions = options.extensions;
   }
 }
 

@@ -19,6 +19,12 @@
  * shutting down and claims nothing more, and a restarted process has a new
  * default id, so (owner, attempt) still names one claim in practice.
  *
+ * Cancelling (`requestCancel`): a queued run is cancelled by the API's own
+ * statement; a running one only gets `cancel_requested_at`, and its end is
+ * written by the worker's fenced statements, which read the request on the
+ * row: the heartbeat reports it, and a failed, released or reclaimed
+ * attempt of such a run ends it `cancelled` instead of queueing it again.
+ *
  * Wake-ups: workers `LISTEN` on `QUEUE_CHANNEL`; whoever makes runs due calls
  * `notifyQueued` after its transaction committed, never inside it (a NOTIFY in
  * every admission transaction serializes all commits behind one cluster-wide
@@ -26,7 +32,7 @@
  */
 import type postgres from "postgres";
 import type { Sql } from "./pool.ts";
-import type { RunStatus } from "./runs.ts";
+import { runColumns, type RunRow, type RunStatus } from "./runs.ts";
 
 // postgres.js serializes a jsonb parameter itself (JSON.stringify): pass the
 // value, never a string of it, or it is stored as a JSON string. Round-trip
@@ -37,6 +43,14 @@ function toJson(value: unknown): postgres.JSONValue {
 
 /** The `LISTEN`/`NOTIFY` channel that says "runs are queued". */
 export const QUEUE_CHANNEL = "poimen_runs";
+
+/**
+ * The `LISTEN`/`NOTIFY` channel that says "a cancel was requested for the
+ * running run `<tenant>/<run_id>`" (the payload). Only a hint to look now:
+ * the worker reads the request from the row, in a heartbeat fenced by
+ * attempt, never from the payload.
+ */
+export const CANCEL_CHANNEL = "poimen_cancel";
 
 /** A run a worker just claimed: what it needs to execute it. */
 export interface ClaimedRun {
@@ -58,6 +72,7 @@ export interface ClaimedRun {
 // updated run's tenant_id, run_id, goal_id, dispatch_key and new event_seq.
 // Kept as text so each statement stays one round trip with one plan.
 const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at";
+const RUN_COLUMNS = runColumns();
 
 // The tenants with queued runs, in collation "C" order: a loose index scan
 // of runs_queued_tenant_idx, one probe per tenant however long its queue,
@@ -184,7 +199,10 @@ export async function claimRuns(
 export interface ReclaimedRun {
   tenant_id: string;
   run_id: string;
-  /** `queued` (retried) or `failed` (that was its last attempt). */
+  /**
+   * `queued` (retried), `failed` (that was its last attempt) or `cancelled`
+   * (a cancel was requested while it ran).
+   */
   status: RunStatus;
   attempts: number;
   /** The worker that held the lease. */
@@ -195,8 +213,9 @@ export interface ReclaimedRun {
  * Takes back up to `limit` runs whose lease expired (their worker died or
  * hung): back to `queued`, due now, with a `run.retrying` event `{attempt,
  * reason: 'lease expired', worker}`; or `failed` with a `run.failed` event
- * when the expired attempt was the last one. The attempt counts: a run that
- * kills its worker every time must not be retried forever.
+ * when the expired attempt was the last one; or `cancelled` with a
+ * `run.cancelled` event when a cancel was requested meanwhile. The attempt
+ * counts: a run that kills its worker every time must not be retried forever.
  */
 export async function reclaimExpired(sql: Sql, limit: number): Promise<ReclaimedRun[]> {
   // Updated through an always-conflicting upsert, as in `claimRuns`: each
@@ -212,22 +231,27 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
     upd as (
       insert into runs select * from expired
       on conflict (tenant_id, run_id) do update
-         set status = case when runs.attempts >= runs.max_attempts then 'failed' else 'queued' end,
-             run_after = case when runs.attempts >= runs.max_attempts then runs.run_after
-                              else now() end,
-             error = case when runs.attempts >= runs.max_attempts
+         set status = case when runs.cancel_requested_at is not null then 'cancelled'
+                           when runs.attempts >= runs.max_attempts then 'failed'
+                           else 'queued' end,
+             run_after = case when runs.cancel_requested_at is null
+                                   and runs.attempts < runs.max_attempts
+                              then now() else runs.run_after end,
+             error = case when runs.cancel_requested_at is null
+                               and runs.attempts >= runs.max_attempts
                           then jsonb_build_object('message', 'lease expired', 'code', 'lease-expired',
                                                   'attempt', runs.attempts,
                                                   'worker', runs.lease_owner)
                           else runs.error end,
-             finished_at = case when runs.attempts >= runs.max_attempts then now() end,
+             finished_at = case when runs.cancel_requested_at is not null
+                                  or runs.attempts >= runs.max_attempts then now() end,
              lease_owner = null,
              lease_expires_at = null,
              updated_at = now(),
              event_seq = runs.event_seq + 1
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
-                runs.attempts, runs.error, runs.event_seq
+                runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at
     ),
     -- Two CTEs joined: no table is read, whatever the plan.
     reclaimed as (
@@ -237,10 +261,14 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,
-             case status when 'failed' then 'run.failed' else 'run.retrying' end,
+             case status when 'failed' then 'run.failed' when 'cancelled' then 'run.cancelled'
+                         else 'run.retrying' end,
              goal_id, dispatch_key,
              case status
                when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
+               when 'cancelled' then jsonb_build_object('attempt', attempts,
+                                       'reason', 'lease expired', 'worker', previous_owner,
+                                       'requested_at', cancel_requested_at)
                else jsonb_build_object('attempt', attempts, 'reason', 'lease expired',
                                        'worker', previous_owner, 'retry_at', now())
              end,
@@ -251,8 +279,15 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
 }
 
 /**
+ * What a heartbeat learned: the lease is extended (`held`), extended but a
+ * cancel was requested (`cancel-requested`: abort the handler, keep beating
+ * until it returned), or gone (`lost`: stop working on the run).
+ */
+export type HeartbeatResult = "held" | "cancel-requested" | "lost";
+
+/**
  * Extends `owner`'s lease on attempt `attempt` of a running run to now +
- * `leaseMs`. False when the lease is lost (reclaimed, finished, owned by
+ * `leaseMs`. `lost` when the lease is lost (reclaimed, finished, owned by
  * another worker or by a newer attempt): the caller must stop working on the
  * run. Not a state change, so no event.
  *
@@ -269,15 +304,16 @@ export async function heartbeat(
   attempt: number,
   leaseMs: number,
   signal?: AbortSignal,
-): Promise<boolean> {
-  const query = sql`
+): Promise<HeartbeatResult> {
+  const query = sql<{ cancel_requested: boolean }[]>`
     update runs
        set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
      where tenant_id = ${tenantId} and run_id = ${runId}
        and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
-    returning 1`;
+    returning cancel_requested_at is not null as cancel_requested`;
   const rows = await cancelledOnAbort(query, signal);
-  return rows.length > 0;
+  if (rows.length === 0) return "lost";
+  return rows[0].cancel_requested ? "cancel-requested" : "held";
 }
 
 /**
@@ -353,7 +389,7 @@ export interface AttemptError {
 
 /** What `failAttempt` did. */
 export interface FailOutcome {
-  status: "queued" | "failed";
+  status: "queued" | "failed" | "cancelled";
   /** When the retry is due (status `queued`). */
   retry_at: Date;
   attempts: number;
@@ -363,8 +399,10 @@ export interface FailOutcome {
  * Ends `owner`'s failed attempt: back to `queued`, due in `backoffMs`, with
  * `run.retrying` `{attempt, error, retry_at}`; or, when that was the last
  * attempt or `final` (retrying cannot help, e.g. the input no longer
- * validates), `failed` with `run.failed` `{attempt, error}`. The decision is
- * made on the row, under its lock. Undefined when the lease of attempt
+ * validates), `failed` with `run.failed` `{attempt, error}`; or, when a
+ * cancel was requested (whatever made the attempt fail: the aborted handler
+ * or its own error), `cancelled` with `run.cancelled` `{attempt, error,
+ * requested_at}`. The decision is made on the row, under its lock. Undefined when the lease of attempt
  * `attempt` was lost (also when this very call was already applied and is
  * being retried after a lost reply): nothing was written.
  */
@@ -381,11 +419,14 @@ export async function failAttempt(
   const [row] = await sql<FailOutcome[]>`
     with upd as (
       update runs
-         set status = case when ${final}::boolean or attempts >= max_attempts
-                           then 'failed' else 'queued' end,
-             run_after = case when ${final}::boolean or attempts >= max_attempts then run_after
+         set status = case when cancel_requested_at is not null then 'cancelled'
+                           when ${final}::boolean or attempts >= max_attempts then 'failed'
+                           else 'queued' end,
+             run_after = case when cancel_requested_at is not null
+                                or ${final}::boolean or attempts >= max_attempts then run_after
                               else now() + ${backoffMs}::float8 * interval '1 millisecond' end,
-             finished_at = case when ${final}::boolean or attempts >= max_attempts then now() end,
+             finished_at = case when cancel_requested_at is not null
+                                  or ${final}::boolean or attempts >= max_attempts then now() end,
              error = ${sql.json(toJson(error))}::jsonb,
              lease_owner = null,
              lease_expires_at = null,
@@ -394,15 +435,18 @@ export async function failAttempt(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
-                run_after, error
+                run_after, error, cancel_requested_at
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,
-             case status when 'failed' then 'run.failed' else 'run.retrying' end,
+             case status when 'failed' then 'run.failed' when 'cancelled' then 'run.cancelled'
+                         else 'run.retrying' end,
              goal_id, dispatch_key,
              case status
                when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
+               when 'cancelled' then jsonb_build_object('attempt', attempts, 'error', error,
+                                                        'requested_at', cancel_requested_at)
                else jsonb_build_object('attempt', attempts, 'error', error, 'retry_at', run_after)
              end,
              now()
@@ -418,8 +462,10 @@ export async function failAttempt(
  * The attempt is given back too (attempts - 1): the run did not fail, its
  * worker went away on purpose, and a deploy must not use up a run's
  * attempts. (A worker that dies without releasing does use one up: see
- * `reclaimExpired`.) False when the lease of attempt `attempt` was already
- * lost.
+ * `reclaimExpired`.) A run whose cancel was requested is not given back but
+ * ends `cancelled` (`run.cancelled` `{attempt, worker, reason,
+ * requested_at}`), its attempt kept. Returns the run's new status;
+ * undefined when the lease of attempt `attempt` was already lost.
  */
 export async function releaseRun(
   sql: Sql,
@@ -428,31 +474,85 @@ export async function releaseRun(
   owner: string,
   attempt: number,
   reason: string,
-): Promise<boolean> {
-  const rows = await sql`
+): Promise<"queued" | "cancelled" | undefined> {
+  const [row] = await sql<{ status: "queued" | "cancelled" }[]>`
     with upd as (
       update runs
-         set status = 'queued',
-             attempts = greatest(attempts - 1, 0),
-             run_after = now(),
+         set status = case when cancel_requested_at is null then 'queued' else 'cancelled' end,
+             attempts = case when cancel_requested_at is null then greatest(attempts - 1, 0)
+                             else attempts end,
+             run_after = case when cancel_requested_at is null then now() else run_after end,
+             finished_at = case when cancel_requested_at is null then null else now() end,
              lease_owner = null,
              lease_expires_at = null,
              updated_at = now(),
              event_seq = event_seq + 1
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
-      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts
+      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'run.released', goal_id, dispatch_key,
-             jsonb_build_object('attempt', attempts + 1, 'worker', ${owner}::text,
-                                'reason', ${reason}::text),
+      select tenant_id, run_id, event_seq,
+             case status when 'cancelled' then 'run.cancelled' else 'run.released' end,
+             goal_id, dispatch_key,
+             jsonb_build_object('attempt', ${attempt}::int, 'worker', ${owner}::text,
+                                'reason', ${reason}::text)
+               || case when status = 'cancelled'
+                       then jsonb_build_object('requested_at', cancel_requested_at)
+                       else '{}'::jsonb end,
              now()
         from upd
     )
-    select 1 from upd`;
-  return rows.length > 0;
+    select status from upd`;
+  return row?.status;
+}
+
+/**
+ * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
+ * (waiting for its first attempt, or for a retry) becomes `cancelled` at
+ * once with a `run.cancelled` event `{attempt, requested_at}`; a running run
+ * gets `cancel_requested_at` (its worker ends it, see `heartbeat` and
+ * `failAttempt`). Returns the run as it now is, with its input; undefined
+ * when nothing was written: no such run for this tenant, a finished run, or
+ * a running run whose cancel was already requested (read it with
+ * `selectRun`). Writing nothing in those cases keeps a repeated cancel cheap.
+ */
+export async function requestCancel(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+): Promise<(RunRow & { input: unknown }) | undefined> {
+  const [row] = await sql<(RunRow & { input: unknown })[]>`
+    with upd as (
+      update runs
+         set status = case when status = 'queued' then 'cancelled' else status end,
+             cancel_requested_at = coalesce(cancel_requested_at, now()),
+             finished_at = case when status = 'queued' then now() else finished_at end,
+             updated_at = now(),
+             event_seq = case when status = 'queued' then event_seq + 1 else event_seq end
+       where tenant_id = ${tenantId} and run_id = ${runId}
+         and (status = 'queued' or (status = 'running' and cancel_requested_at is null))
+      returning ${sql.unsafe(RUN_COLUMNS)}, input, event_seq
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq, 'run.cancelled', goal_id, dispatch_key,
+             jsonb_build_object('attempt', attempts, 'requested_at', cancel_requested_at), now()
+        from upd
+       where status = 'cancelled'
+    )
+    select ${sql.unsafe(RUN_COLUMNS)}, input from upd`;
+  return row;
+}
+
+/**
+ * `NOTIFY poimen_cancel '<tenant>/<run_id>'`: tells the worker running that
+ * run to look at it now rather than at its next heartbeat. Sent after the
+ * request committed; losing it only delays the cancel by a heartbeat.
+ */
+export async function notifyCancel(sql: Sql, tenantId: string, runId: string): Promise<void> {
+  await sql`select pg_notify(${CANCEL_CHANNEL}, ${`${tenantId}/${runId}`})`;
 }
 
 /**

@@ -22,6 +22,10 @@ export interface RunRow {
   updated_at: Date;
   started_at: Date | null;
   finished_at: Date | null;
+  /** When the run is due: not claimed before. */
+  run_after: Date;
+  /** When a cancel was asked for (a running run ends `cancelled` once its worker sees it). */
+  cancel_requested_at: Date | null;
 }
 
 /** A run's status; the set is a wire contract (contracts/runs.ts). */
@@ -45,6 +49,8 @@ const RUN_COLUMN_NAMES = [
   "updated_at",
   "started_at",
   "finished_at",
+  "run_after",
+  "cancel_requested_at",
 ] as const;
 
 /** The columns of `RunRow` as a SQL list, qualified by `alias` when given. */

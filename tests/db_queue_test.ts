@@ -2,7 +2,8 @@
  * The queue's finishing statements are fenced by attempt, against a real
  * Postgres (a fresh database of this file's own): a write meant for an
  * attempt that is over changes nothing, even when the same worker id holds
- * the run again under a newer attempt.
+ * the run again under a newer attempt. Cancelling: a queued run at once, a
+ * running one through its attempt's end (also when reclaimed or released).
  */
 import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
@@ -15,6 +16,7 @@ import {
   heartbeat,
   reclaimExpired,
   releaseRun,
+  requestCancel,
 } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
@@ -135,17 +137,142 @@ Deno.test("queue fencing: a stale attempt's heartbeat and release are refused; t
     const [{ lease_expires_at: leaseBefore }] = await db.sql<{ lease_expires_at: Date }[]>`
       select lease_expires_at from runs where tenant_id = ${TENANT} and run_id = ${runId}`;
     // A lease of 0 ms would let the run be reclaimed at once, were it written.
-    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 1, 0), false);
+    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 1, 0), "lost");
     const [{ lease_expires_at: leaseAfter }] = await db.sql<{ lease_expires_at: Date }[]>`
       select lease_expires_at from runs where tenant_id = ${TENANT} and run_id = ${runId}`;
     assert.deepEqual(leaseAfter, leaseBefore);
-    assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 1, "stale"), false);
+    assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 1, "stale"), undefined);
     const row = await runRow(db.sql, runId);
     assert.equal(row.status, "running");
     assert.equal(row.attempts, 2);
-    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 2, LEASE_MS), true);
-    assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 2, "shutdown"), true);
+    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 2, LEASE_MS), "held");
+    assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 2, "shutdown"), "queued");
     assert.equal((await runRow(db.sql, runId)).status, "queued");
+  } finally {
+    await db.drop();
+  }
+});
+
+async function cancelState(sql: Sql, runId: string) {
+  const [row] = await sql<
+    { status: string; cancel_requested_at: Date | null; finished_at: Date | null }[]
+  >`select status, cancel_requested_at, finished_at from runs
+     where tenant_id = ${TENANT} and run_id = ${runId}`;
+  return row;
+}
+
+Deno.test("queue cancel: a queued run is cancelled at once with a run.cancelled event; asking again writes nothing", async () => {
+  const { db, runId } = await setup();
+  try {
+    const row = await requestCancel(db.sql, TENANT, runId);
+    assert.equal(row?.status, "cancelled");
+    assert.ok(row?.cancel_requested_at);
+    assert.ok(row?.finished_at);
+    assert.deepEqual(row?.input, { n: 1 });
+    assert.deepEqual(await eventTypes(db.sql, runId), ["run.admitted", "run.cancelled"]);
+    assert.equal(await requestCancel(db.sql, TENANT, runId), undefined);
+    assert.deepEqual(await eventTypes(db.sql, runId), ["run.admitted", "run.cancelled"]);
+    // Never claimed.
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: another tenant's run and a finished run are left as they are", async () => {
+  const { db, runId } = await setup();
+  try {
+    await insertTenant(db.sql, "other");
+    assert.equal(await requestCancel(db.sql, "other", runId), undefined);
+    assert.equal((await cancelState(db.sql, runId)).status, "queued");
+    await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    assert.equal(await completeRun(db.sql, TENANT, runId, OWNER, 1, "done"), true);
+    assert.equal(await requestCancel(db.sql, TENANT, runId), undefined);
+    const after = await cancelState(db.sql, runId);
+    assert.equal(after.status, "succeeded");
+    assert.equal(after.cancel_requested_at, null);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: a running run's heartbeat reports the request; its attempt's failure ends it cancelled, a stale attempt's is refused", async () => {
+  const { db, runId } = await setup();
+  try {
+    await reclaimedAndClaimedAgain(db.sql, runId);
+    const requested = await requestCancel(db.sql, TENANT, runId);
+    assert.equal(requested?.status, "running");
+    assert.ok(requested?.cancel_requested_at);
+    // Asked again: nothing to write (the API reads the run instead).
+    assert.equal(await requestCancel(db.sql, TENANT, runId), undefined);
+    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 1, LEASE_MS), "lost");
+    assert.equal(await heartbeat(db.sql, TENANT, runId, OWNER, 2, LEASE_MS), "cancel-requested");
+    const aborted = { message: "run cancelled on request" };
+    // Attempt 1 is over: its write changes nothing.
+    assert.equal(await failAttempt(db.sql, TENANT, runId, OWNER, 1, aborted, 0), undefined);
+    assert.equal((await cancelState(db.sql, runId)).status, "running");
+    const out = await failAttempt(db.sql, TENANT, runId, OWNER, 2, aborted, 0);
+    assert.equal(out?.status, "cancelled");
+    const row = await runRow(db.sql, runId);
+    assert.equal(row.status, "cancelled");
+    assert.equal(row.attempts, 2);
+    assert.equal(row.lease_owner, null);
+    assert.ok((await cancelState(db.sql, runId)).finished_at);
+    assert.deepEqual(await eventTypes(db.sql, runId), [
+      "run.admitted",
+      "run.started",
+      "run.retrying",
+      "run.started",
+      "run.cancelled",
+    ]);
+    const [ev] = await db.sql<{ payload: { attempt: number; requested_at: string } }[]>`
+      select payload from work_events
+       where tenant_id = ${TENANT} and run_id = ${runId} and type = 'run.cancelled'`;
+    assert.equal(ev.payload.attempt, 2);
+    assert.ok(ev.payload.requested_at);
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: a cancel-requested run whose lease expired is cancelled, not requeued", async () => {
+  const { db, runId } = await setup();
+  try {
+    const [claimed] = await claimRuns(db.sql, OWNER, 1, 1);
+    assert.equal(claimed.run_id, runId);
+    await requestCancel(db.sql, TENANT, runId);
+    const reclaimed = await waitFor("the lease expired and was reclaimed", async () => {
+      const r = await reclaimExpired(db.sql, 10);
+      return r.length > 0 ? r : undefined;
+    }, 10_000);
+    assert.equal(reclaimed[0].status, "cancelled");
+    assert.equal((await cancelState(db.sql, runId)).status, "cancelled");
+    assert.deepEqual(await eventTypes(db.sql, runId), [
+      "run.admitted",
+      "run.started",
+      "run.cancelled",
+    ]);
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: a cancel-requested run released on shutdown is cancelled, not requeued", async () => {
+  const { db, runId } = await setup();
+  try {
+    await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    await requestCancel(db.sql, TENANT, runId);
+    assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 1, "worker shutdown"), "cancelled");
+    const row = await runRow(db.sql, runId);
+    assert.equal(row.status, "cancelled");
+    assert.equal(row.attempts, 1, "the attempt is not given back: the run is over");
+    assert.deepEqual(await eventTypes(db.sql, runId), [
+      "run.admitted",
+      "run.started",
+      "run.cancelled",
+    ]);
   } finally {
     await db.drop();
   }

@@ -394,10 +394,12 @@ Deno.test("queue: a run whose pinned workflow version this worker lacks fails wi
 });
 
 /** Queries sent by `application` since `since` (the latest query of each of its connections). */
-async function queriesSince(sql: Sql, application: string, since: Date): Promise<string[]> {
+// `since` as Postgres' text: a JS Date keeps milliseconds only, and a query
+// that ended just before it, in the same millisecond, would seem to follow it.
+async function queriesSince(sql: Sql, application: string, since: string): Promise<string[]> {
   const rows = await sql<{ query: string }[]>`
     select query from pg_stat_activity
-     where application_name = ${application} and query_start > ${since}`;
+     where application_name = ${application} and query_start > ${since}::timestamptz`;
   return rows.map((r) => r.query);
 }
 
@@ -414,7 +416,8 @@ Deno.test("queue: stop twice is safe, and a stopped worker sends no query and cl
     await waitFor("first run succeeded", statusIs(db.sql, first, "succeeded"), 10_000);
     await Promise.all([w.stop(), w.stop()]);
     await w.stop();
-    const [{ stopped }] = await db.sql<{ stopped: Date }[]>`select clock_timestamp() as stopped`;
+    const [{ stopped }] = await db.sql<{ stopped: string }[]>`
+      select clock_timestamp()::text as stopped`;
 
     // A run due now, and a NOTIFY for it (admission pokes the workers).
     const later = await admit("echo", 2);
@@ -642,6 +645,59 @@ Deno.test("queue: a heartbeat stuck on a row lock times out, and the handler is 
   } finally {
     unlock();
     await holder;
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: a cancel the worker was not notified of reaches the handler through its heartbeat", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  // Beats every 300 ms. The request below is written without a NOTIFY, so
+  // only a heartbeat can carry it.
+  const w = worker(db.sql, { leaseMs: 900, hooks: { onFinished: (o) => outcomes.push(o) } });
+  try {
+    await w.start();
+    const runId = await admit("sleep", { ms: 600_000 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    await db.sql`update runs set cancel_requested_at = now()
+                  where tenant_id = ${TENANT} and run_id = ${runId}`;
+    const row = await waitFor("run cancelled", statusIs(db.sql, runId, "cancelled"), 20_000);
+    assert.equal(row.attempts, 1);
+    assert.equal(row.error?.message, "sleep interrupted");
+    assert.deepEqual(outcomes, ["cancelled"]);
+    assert.deepEqual((await events(db.sql, runId)).map((e) => e.type), [
+      "run.admitted",
+      "run.started",
+      "run.cancelled",
+    ]);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("queue cancel: a handler that ignores its aborted signal and returns a result succeeds", async () => {
+  const registry = builtinRegistry().register({
+    name: "stubborn",
+    version: 1,
+    input: z.object({ ms: z.number() }),
+    async handler({ ms }, ctx) {
+      await new Promise((r) => setTimeout(r, ms));
+      return { done: true, aborted: ctx.signal.aborted };
+    },
+  });
+  const { db, admit } = await setup(registry);
+  const w = worker(db.sql, { leaseMs: 300 }, registry);
+  try {
+    await w.start();
+    const runId = await admit("stubborn", { ms: 1_500 });
+    await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
+    await db.sql`update runs set cancel_requested_at = now()
+                  where tenant_id = ${TENANT} and run_id = ${runId}`;
+    const row = await waitFor("run succeeded", statusIs(db.sql, runId, "succeeded"), 20_000);
+    assert.deepEqual(row.result, { done: true, aborted: true });
+  } finally {
     await w.stop();
     await db.drop();
   }

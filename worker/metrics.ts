@@ -36,7 +36,7 @@ export function createWorkerMetrics(
   const finished = new client.Counter({
     name: "poimen_worker_attempts_finished_total",
     help:
-      "Attempts finished by this worker, by outcome: succeeded, retrying, failed, released, lost",
+      "Attempts finished by this worker, by outcome: succeeded, retrying, failed, cancelled, released, lost",
     labelNames: ["outcome"] as const,
     registers,
   });

@@ -3,6 +3,13 @@
  * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
  * at once, keeps their leases alive with heartbeats, and finishes each one:
  * `succeeded`, retried with backoff, or `failed` after its last attempt.
+ * A cancel requested of a running run (POST /v1/runs/{id}/cancel) reaches
+ * the worker through its heartbeat, which reads the request from the row
+ * (a NOTIFY on `poimen_cancel` only makes it beat at once): the handler's
+ * `ctx.signal` is aborted, and when the handler then fails (throws, as a
+ * handler that honours the signal does), the run ends `cancelled`, written
+ * like any attempt's end, fenced by attempt. A handler that ignores the
+ * signal and returns a result has done the work: the run succeeds.
  * Beside it runs its `Reclaimer` (worker/reclaimer.ts), which returns runs
  * whose lease expired (their worker died) to the queue, so a worker killed
  * with SIGKILL loses no run: it is executed again elsewhere (execution is
@@ -16,6 +23,7 @@ import { backoffWithJitter, delay, MINUTE, SECOND } from "../core/time.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
 import {
   type AttemptError,
+  CANCEL_CHANNEL,
   type ClaimedRun,
   claimRuns,
   completeRun,
@@ -41,6 +49,8 @@ export type AttemptOutcome =
   | "succeeded"
   | "retrying"
   | "failed"
+  /** Ended on request (POST /v1/runs/{id}/cancel). */
+  | "cancelled"
   /** Given back unfinished on shutdown. */
   | "released"
   /** The lease was lost (reclaimed elsewhere): nothing was written. */
@@ -100,6 +110,10 @@ interface InFlight {
   abort: AbortController;
   /** Aborted when this worker stops caring about the run: stops its heartbeat. */
   done: AbortController;
+  /** Aborted to make the heartbeat beat now (a cancel notification); replaced each beat. */
+  nudge: AbortController;
+  /** A heartbeat found a cancel requested: the handler's signal is aborted. */
+  cancelRequested: boolean;
   /** Set on shutdown timeout: the release writes the run back, the attempt writes nothing. */
   abandoned: boolean;
   lost: boolean;
@@ -302,12 +316,20 @@ export class Worker implements Service {
       // onlisten also fires after postgres.js re-connects the listener:
       // NOTIFYs sent while it was down are lost, so claim once then.
       const sub = await sql.listen(QUEUE_CHANNEL, () => this.#wake(), () => this.#wake());
+      const cancels = await sql.listen(CANCEL_CHANNEL, (payload) => this.#onCancelNotice(payload))
+        .catch(async (err) => {
+          await sub.unlisten().catch(() => {});
+          throw err;
+        });
+      const unlistenBoth = () => Promise.all([sub.unlisten(), cancels.unlisten()]);
       this.#unlisten = own
         ? async () => {
-          await sub.unlisten();
+          await unlistenBoth();
           await own.end({ timeout: 1 });
         }
-        : () => sub.unlisten();
+        : async () => {
+          await unlistenBoth();
+        };
       return true;
     } catch (err) {
       await own?.end({ timeout: 0 }).catch(() => {});
@@ -339,6 +361,8 @@ export class Worker implements Service {
       run,
       abort: new AbortController(),
       done: new AbortController(),
+      nudge: new AbortController(),
+      cancelRequested: false,
       abandoned: false,
       lost: false,
       settled: false,
@@ -387,6 +411,9 @@ export class Worker implements Service {
         // same result would fail every attempt, so the failure is final.
         const bad = checkResult(outcome.result, this.#opts.resultMaxBytes);
         if (bad) return await this.#fail(entry, lease, bad, true, log);
+        if (entry.cancelRequested) {
+          log.info("cancel requested, but the handler returned a result: the run succeeds");
+        }
         const ok = await this.#write(
           lease,
           () => completeRun(this.#sql, run.tenant_id, run.run_id, id, run.attempts, outcome.result),
@@ -440,6 +467,9 @@ export class Worker implements Service {
       });
       this.#opts.hooks.onFenced?.("fail");
       this.#opts.hooks.onFinished?.("lost");
+    } else if (res.status === "cancelled") {
+      log.info("run cancelled", { attempts: res.attempts });
+      this.#opts.hooks.onFinished?.("cancelled");
     } else if (res.status === "queued") {
       log.info("attempt failed; retrying", { error: error.message, retry_at: res.retry_at });
       this.#opts.hooks.onFinished?.("retrying");
@@ -516,7 +546,11 @@ export class Worker implements Service {
     const stop = entry.done.signal;
     while (!stop.aborted) {
       // After a failed beat, try again sooner, but not in a tight loop.
-      await delay(Math.max(0, Math.min(every, lease.until - Date.now() - every)), stop);
+      entry.nudge = new AbortController();
+      await delay(
+        Math.max(0, Math.min(every, lease.until - Date.now() - every)),
+        AbortSignal.any([stop, entry.nudge.signal]),
+      );
       if (stop.aborted) return;
       const sentAt = Date.now();
       const timeout = AbortSignal.timeout(Math.max(1, Math.min(every, lease.until - sentAt)));
@@ -534,11 +568,17 @@ export class Worker implements Service {
           timeout,
         );
         if (stop.aborted) return;
-        if (!held) {
+        if (held === "lost") {
           this.#opts.hooks.onFenced?.("heartbeat");
           return this.#loseLease(entry, log, "lease lost (heartbeat fenced)");
         }
         lease.until = sentAt + leaseMs;
+        // Beating goes on: the lease must outlive the handler winding down.
+        if (held === "cancel-requested" && !entry.cancelRequested) {
+          entry.cancelRequested = true;
+          log.info("cancel requested; aborting the run");
+          entry.abort.abort(new DOMException("run cancelled on request", "AbortError"));
+        }
       } catch (err) {
         if (stop.aborted) return;
         if (timeout.aborted && err === timeout.reason) {
@@ -551,6 +591,11 @@ export class Worker implements Service {
         await delay(Math.min(every, 250), stop);
       }
     }
+  }
+
+  /** A cancel notification (`<tenant>/<run_id>`): that run's heartbeat looks now. */
+  #onCancelNotice(payload: string): void {
+    this.#inFlight.get(payload)?.nudge.abort();
   }
 
   #loseLease(entry: InFlight, log: Logger, why: string): void {
@@ -594,7 +639,7 @@ export class Worker implements Service {
       f.abort.abort(new Error("worker shutting down"));
       const { run } = f;
       try {
-        const ok = await releaseRun(
+        const status = await releaseRun(
           this.#sql,
           run.tenant_id,
           run.run_id,
@@ -602,14 +647,23 @@ export class Worker implements Service {
           run.attempts,
           "worker shutdown",
         );
-        if (ok) released++;
-        else this.#opts.hooks.onFenced?.("release");
-        this.#opts.hooks.onFinished?.(ok ? "released" : "lost");
-        this.#log.info(ok ? "run released" : "run already lost", {
-          tenant: run.tenant_id,
-          run_id: run.run_id,
-          attempt: run.attempts,
-        });
+        if (status === "queued") released++;
+        if (!status) this.#opts.hooks.onFenced?.("release");
+        this.#opts.hooks.onFinished?.(
+          status === "queued" ? "released" : status === "cancelled" ? "cancelled" : "lost",
+        );
+        this.#log.info(
+          status === "queued"
+            ? "run released"
+            : status === "cancelled"
+            ? "run cancelled"
+            : "run already lost",
+          {
+            tenant: run.tenant_id,
+            run_id: run.run_id,
+            attempt: run.attempts,
+          },
+        );
       } catch (err) {
         // Its lease will expire and the reclaimer of another worker takes it.
         this.#log.warn("release failed", { tenant: run.tenant_id, run_id: run.run_id, error: err });

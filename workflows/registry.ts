@@ -14,7 +14,11 @@ export interface WorkflowContext {
   runId: string;
   /** 1 on the first attempt. */
   attempt: number;
-  /** Aborted when the worker shuts down or loses the run's lease. */
+  /**
+   * Aborted when the worker shuts down, loses the run's lease, or the run is
+   * cancelled. A handler that honours it throws (the attempt then ends
+   * `cancelled` or released); one that returns a result anyway succeeds.
+   */
   signal: AbortSignal;
   log: Logger;
 }
