@@ -26,6 +26,7 @@ import {
   queueStats,
   reclaimExpired,
   releaseRun,
+  requestCancel,
 } from "../db/queue.ts";
 import {
   claimPendingEvents,
@@ -128,6 +129,11 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: releaseRun",
       call: (sql) => releaseRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, "plan test"),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: requestCancel",
+      call: (sql) => requestCancel(sql, s.tenant, s.runningRun),
       indexes: { runs: ["runs_pkey"] },
     },
     {
