@@ -64,6 +64,10 @@ export interface Run {
   started_at: string | null;
   /** When it reached a final status. */
   finished_at: string | null;
+  /** When it is due: no attempt starts before. */
+  run_after: string;
+  /** When a cancel was asked for; a running run ends `cancelled` once its worker sees it. */
+  cancel_requested_at: string | null;
 }
 
 /** One page of `GET /v1/runs`. */
@@ -96,6 +100,8 @@ export interface Problem {
   retryable: boolean;
   /** The failing fields of a schema error. */
   errors?: ProblemFieldError[];
+  /** On `run-finished` (409): the status of the run a cancel found finished. */
+  run_status?: RunStatus;
 }
 
 /** Headers of the admission protocol. */

@@ -318,17 +318,10 @@ apiTest(
   },
 );
 
-// PENDING until POST /v1/runs/{id}/cancel (issue 10, branch h10ops) is on
-// main: then drop `ignore` and the name's suffix. The contract: 200 with the
-// run, idempotent; a 409 `run-finished` problem with `run_status` when the
-// run already finished. Passed against h10ops at 0b4ef08 merged with this
-// branch (with run_after, cancel_requested_at and run_status added to
-// contracts/wire.ts, which the type checker asks for once they are in the
-// schemas).
+// The contract: 200 with the run, idempotent; a 409 `run-finished` problem
+// with `run_status` when the run already finished.
 Deno.test({
-  name: "client_http: cancelRun cancels a queued run, again is fine, a finished run is a 409 " +
-    "(PENDING: needs POST /v1/runs/{id}/cancel from issue 10)",
-  ignore: true,
+  name: "client_http: cancelRun cancels a queued run, again is fine, a finished run is a 409",
   fn: async () => {
     const db = await freshDatabase();
     const api = new ApiProcess({ DATABASE_URL: db.url });
