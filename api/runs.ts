@@ -11,6 +11,7 @@ import {
   selectRuns,
 } from "../db/runs.ts";
 import { notifyCancel, requestCancel } from "../db/queue.ts";
+import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import {
@@ -175,10 +176,16 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         extensions: { run_status: row.status },
       });
     }
-    if (requested?.status === "running") {
-      await notifyCancel(sql, tenantId, runId).catch((error) =>
-        deps.log.warn("cancel notify failed", { tenant: tenantId, run_id: runId, error })
-      );
+    // After the commit, as every wake-up: the running run's worker looks at
+    // it now; a cancelled run's event is pending for the outbox. Rare enough
+    // not to be coalesced; lost, it costs a heartbeat or an outbox poll.
+    if (requested) {
+      await (requested.status === "running"
+        ? notifyCancel(sql, tenantId, runId)
+        : notifyChannels(sql, [OUTBOX_CHANNEL]))
+        .catch((error) =>
+          deps.log.warn("cancel notify failed", { tenant: tenantId, run_id: runId, error })
+        );
     }
     if (requested) metrics.cancels.inc({ status: requested.status });
     return c.json(toRun(row));

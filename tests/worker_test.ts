@@ -653,9 +653,9 @@ Deno.test("queue: a heartbeat stuck on a row lock times out, and the handler is 
 Deno.test("queue cancel: a cancel the worker was not notified of reaches the handler through its heartbeat", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
-  // Beats every 300 ms. The request below is written without a NOTIFY, so
+  // Beats every second. The request below is written without a NOTIFY, so
   // only a heartbeat can carry it.
-  const w = worker(db.sql, { leaseMs: 900, hooks: { onFinished: (o) => outcomes.push(o) } });
+  const w = worker(db.sql, { leaseMs: 3_000, hooks: { onFinished: (o) => outcomes.push(o) } });
   try {
     await w.start();
     const runId = await admit("sleep", { ms: 600_000 });
@@ -688,10 +688,12 @@ Deno.test("queue cancel: a handler that ignores its aborted signal and returns a
     },
   });
   const { db, admit } = await setup(registry);
-  const w = worker(db.sql, { leaseMs: 300 }, registry);
+  // Beats every second: a few before the handler returns, and a lease that
+  // a loaded machine does not lose (a lost lease would end the run otherwise).
+  const w = worker(db.sql, { leaseMs: 3_000 }, registry);
   try {
     await w.start();
-    const runId = await admit("stubborn", { ms: 1_500 });
+    const runId = await admit("stubborn", { ms: 4_000 });
     await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
     await db.sql`update runs set cancel_requested_at = now()
                   where tenant_id = ${TENANT} and run_id = ${runId}`;
