@@ -140,6 +140,7 @@ export class Admission {
         dispatch_key: req.dispatch_key ?? null,
         source: ctx.source,
         max_attempts: wf.maxAttempts,
+        run_after: req.run_after ?? null,
       });
     } catch (err) {
       throw toDbError(err);

@@ -165,6 +165,10 @@ export function formatPath(path: readonly PropertyKey[]): string {
   return out;
 }
 
+/** How far ahead a run may be scheduled (`run_after`): 365 days. */
+export const MAX_RUN_AFTER_DAYS = 365;
+const MAX_RUN_AFTER_MS = MAX_RUN_AFTER_DAYS * 24 * 3600 * 1000;
+
 // goal_id and dispatch_key, in a body and as query filters.
 const label = () => z.string().min(1).max(255).regex(PRINTABLE, "printable characters only");
 
@@ -185,6 +189,16 @@ export const RunRequest = z.strictObject({
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
       "1–255 printable characters",
+  ),
+  run_after: z.iso.datetime({ offset: true }).refine(
+    // Not a time (NaN) is the format check's to report, once.
+    (at) => !(Date.parse(at) > Date.now() + MAX_RUN_AFTER_MS),
+    `at most ${MAX_RUN_AFTER_DAYS} days ahead`,
+  ).nullable().optional().describe(
+    "Start later: no attempt before this time. RFC 3339 with an offset " +
+      `(\`2030-01-01T09:00:00+01:00\` or \`…Z\`), at most ${MAX_RUN_AFTER_DAYS} days ahead; ` +
+      "a time in the past means now. A replay of the dispatch key returns the first run, " +
+      "whatever its run_after",
   ),
 });
 export type RunRequest = z.infer<typeof RunRequest>;

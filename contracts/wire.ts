@@ -21,6 +21,11 @@ export interface RunRequest {
    * dispatch_key) makes one run (printable, at most 255 characters).
    */
   dispatch_key?: string | null;
+  /**
+   * Start later: no attempt before this time. RFC 3339 with an offset, at
+   * most 365 days ahead; a time in the past means now.
+   */
+  run_after?: string | null;
 }
 
 /** Where a run is in its lifecycle. */

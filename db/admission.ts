@@ -23,6 +23,8 @@ export interface NewRun {
   dispatch_key: string | null;
   source: string;
   max_attempts: number;
+  /** RFC 3339: not claimed before (an earlier time means now); null: due now. */
+  run_after: string | null;
 }
 
 /** A run an admission statement returned for entry `i` of its batch. */
@@ -37,7 +39,8 @@ export interface AdmittedRow extends RunRow {
 
 // The same request equals the stored run when ref, input and goal are equal
 // (jsonb equality ignores key order and whitespace). It never decides dedup,
-// it only reports.
+// it only reports. `run_after` is not compared: a caller retrying "in an
+// hour" computes a new time each try, and it is still the same request.
 const SAME_BODY = `(r.workflow_ref = q.workflow_ref
   and r.input = coalesce(q.input, 'null'::jsonb)
   and r.goal_id is not distinct from q.goal_id)`;
@@ -74,14 +77,16 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
         cross join lateral jsonb_to_record(o.x) as q(
           tenant_id text, run_id uuid, workflow_ref text, workflow_name text,
           workflow_version integer, input jsonb, goal_id text, dispatch_key text,
-          source text, max_attempts integer)
+          source text, max_attempts integer, run_after timestamptz)
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
-                        input, goal_id, dispatch_key, source, max_attempts)
+                        input, goal_id, dispatch_key, source, max_attempts, run_after)
       -- jsonb_to_record turns a JSON null into SQL NULL; the column keeps JSON null.
+      -- greatest() skips a null: no run_after, or one in the past, is now.
       select tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
-             coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts
+             coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts,
+             greatest(run_after, now())
         from req
        order by tenant_id, dispatch_key, i
       on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing
@@ -91,7 +96,8 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
       insert into work_events (tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at)
       select tenant_id, run_id, 1, 'run.admitted', goal_id, dispatch_key,
              jsonb_build_object('workflow_ref', workflow_ref, 'workflow', workflow_name,
-                                'workflow_version', workflow_version, 'source', source),
+                                'workflow_version', workflow_version, 'source', source,
+                                'run_after', run_after),
              created_at
         from ins
     )

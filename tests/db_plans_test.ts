@@ -78,6 +78,8 @@ function hotStatements(s: Sample): HotStatement[] {
     dispatch_key: dispatchKey,
     source: "plan-test",
     max_attempts: 3,
+    // Every other new run scheduled an hour ahead: the bind must not change the plan.
+    run_after: i % 2 ? new Date(Date.now() + 3600_000).toISOString() : null,
   });
   // New keys, keys the bulk data already holds (replays) and keyless runs.
   const batch = [
