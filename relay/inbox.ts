@@ -11,7 +11,8 @@
  *   `max(Retry-After, exponential backoff with full jitter)` between tries.
  * - Failures stay inside their partition: the first transient failure of a
  *   message pauses its partition. Every message after it is let go (queued
- *   ones dropped, calls in flight abandoned, the tracker forgets them) and
+ *   ones dropped, the answers of calls in flight ignored, the tracker forgets
+ *   those not done yet; those done already are not done twice) and
  *   whatever the consumer hands out for that partition meanwhile is dropped,
  *   so a paused partition holds one message (the probe) of the shared
  *   `maxPending`/`maxPendingBytes` budget, whoever its tenant. Once the probe
@@ -87,7 +88,7 @@ interface Job {
   failing: boolean;
   /** Writing its dead letter: never let go, or it would be dead-lettered twice. */
   finishing: boolean;
-  /** Aborts its call and its backoff when it is let go. */
+  /** Cuts its backoff short when it is let go (a call in flight is left to finish). */
   cancel: AbortController;
 }
 
@@ -107,6 +108,12 @@ interface Partition {
   resumeFrom: bigint | undefined;
   /** Messages dropped while paused (for the log line at resume). */
   dropped: number;
+  /**
+   * Offsets after a pause's cut that were already done when it was cut (a
+   * fast dead letter, say): when handed out again they are done at once, not
+   * admitted or dead-lettered a second time.
+   */
+  doneAhead: Set<bigint>;
 }
 
 type Result = "done" | "abandoned";
@@ -252,6 +259,7 @@ export class InboxRelay implements Service {
         last: String(p.tracker.last),
       });
       p.tracker = new OffsetTracker();
+      p.doneAhead.clear();
     }
     if (!p) {
       const tenant = DISPATCH_TOPIC_PATTERN.exec(m.topic)?.[1];
@@ -271,10 +279,16 @@ export class InboxRelay implements Service {
         failing: 0,
         resumeFrom: undefined,
         dropped: 0,
+        doneAhead: new Set(),
       };
       this.#partitions.set(key, p);
     }
     p.tracker.add(m.offset, m.timestamp);
+    if (p.doneAhead.delete(m.offset)) {
+      p.tracker.complete(m.offset);
+      if (++this.#doneSinceCommit >= this.#opts.commitBatch) void this.#commit();
+      return;
+    }
     const job: Job = {
       m,
       bytes: m.value.byteLength,
@@ -369,12 +383,16 @@ export class InboxRelay implements Service {
         job.failing = false;
         p.failing--;
       }
+      // Only its backoff is cut short: a call in flight runs to its end (its
+      // answer is ignored), since a request abandoned mid-body is an error the
+      // API has to log for nothing.
       job.cancel.abort();
       this.#release(job);
       letGo++;
     }
     // A job of a tracker replaced since (the topic was recreated) has nothing to forget there.
     if (failed.tracker === p.tracker && p.tracker.last !== undefined && p.tracker.last > cut) {
+      for (const offset of p.tracker.doneAfter(cut)) p.doneAhead.add(offset);
       p.tracker.forgetAfter(cut);
     }
     p.resumeFrom = cut + 1n;
@@ -458,7 +476,7 @@ export class InboxRelay implements Service {
       traceparent: m.headers.traceparent,
       tracestate: m.headers.tracestate,
     };
-    const cancelled = AbortSignal.any([this.#hardStop.signal, job.cancel.signal]);
+    const cancelled = this.#hardStop.signal;
     const waitCancelled = AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
     let firstFailure: Date | undefined;
     let firstUnknownWorkflow: number | undefined;

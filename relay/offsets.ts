@@ -82,6 +82,16 @@ export class OffsetTracker {
     return forgotten;
   }
 
+  /** The offsets after `offset` that are done but not yet in the committable prefix. */
+  doneAfter(offset: bigint): bigint[] {
+    const done: bigint[] = [];
+    for (let i = this.#head; i < this.#entries.length; i++) {
+      const e = this.#entries[i];
+      if (e.offset > offset && e.done) done.push(e.offset);
+    }
+    return done;
+  }
+
   /** The next offset to read once everything done so far is committed; undefined before any. */
   get committable(): bigint | undefined {
     return this.#committable;

@@ -602,6 +602,10 @@ Deno.test({
       assert.equal(status.code, 0, "the relay stops cleanly");
       failed = false;
     } finally {
+      if (failed && api) {
+        console.error(`--- api logs (last 40 lines) ---`);
+        console.error(api.logs().slice(-40).join("\n"));
+      }
       if (failed && relay) {
         console.error(`--- relay logs (last 80 lines; FUZZ_SEED=${SEED}) ---`);
         console.error(

@@ -17,6 +17,7 @@ import {
   prepareBody,
   problemSummary,
   retryDelay,
+  traceHeaders,
 } from "../relay/api_client.ts";
 import { RunRequest } from "../contracts/runs.ts";
 import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
@@ -326,6 +327,43 @@ Deno.test("relay outcomes: problem bodies become a reason and a short detail", (
   assert.equal(long.reason, undefined);
   assert.ok(long.detail.length <= 500);
   assert.equal(problemSummary("", "HTTP 404").detail, "HTTP 404");
+});
+
+Deno.test("relay trace headers: only a well-formed traceparent (and its tracestate) is passed on", () => {
+  const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  assert.deepEqual(traceHeaders(parent, "congo=t61rcWkgMzE"), {
+    traceparent: parent,
+    tracestate: "congo=t61rcWkgMzE",
+  });
+  assert.deepEqual(traceHeaders(parent, undefined), { traceparent: parent });
+  // A later version may append fields; version ff is invalid.
+  assert.deepEqual(traceHeaders(`01${parent.slice(2)}-x`, undefined), {
+    traceparent: `01${parent.slice(2)}-x`,
+  });
+  for (
+    const bad of [
+      "",
+      "garbage",
+      parent.toUpperCase(),
+      ` ${parent}`,
+      `${parent}\n`,
+      `${parent}\r\nx-evil: 1`,
+      `${parent}\u0000`,
+      `${parent}-extra`,
+      `ff${parent.slice(2)}`,
+      "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+      "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+      "💩",
+      "x".repeat(10_000),
+    ]
+  ) {
+    // Without a valid traceparent, its tracestate means nothing either.
+    assert.deepEqual(traceHeaders(bad, "a=b"), {}, JSON.stringify(bad.slice(0, 80)));
+  }
+  // A tracestate that is no valid header value, or too long, is dropped alone.
+  for (const state of ["é", "💩", "a\nb", "\u0000", "x".repeat(513)]) {
+    assert.deepEqual(traceHeaders(parent, state), { traceparent: parent });
+  }
 });
 
 Deno.test("relay outcomes: the client classifies real HTTP answers", async () => {
