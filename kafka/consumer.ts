@@ -7,6 +7,7 @@
 import { Buffer } from "node:buffer";
 import {
   Consumer,
+  type GroupAssignment,
   type Message,
   type MessagesStream,
   stringDeserializer,
@@ -36,6 +37,21 @@ export interface ConsumedMessage {
   headers: Record<string, string>;
   /** The record's timestamp, ms since the epoch. */
   timestamp: number;
+  /**
+   * Set by the consumer after it handed this message out, when its
+   * partition was redelivered from an offset at or before it, or revoked:
+   * the message will come again (or go to another member), so a reader that
+   * has not taken it in yet must drop it. A reader awaiting `next()` gets the
+   * message a few microtasks after it left the buffer, and a redelivery or a
+   * revocation may happen in between.
+   */
+  superseded?: boolean;
+}
+
+/** One partition of a topic. */
+export interface TopicPartition {
+  topic: string;
+  partition: number;
 }
 
 /** Which topics a consumer reads; re-evaluated every `topicRefreshMs`. */
@@ -81,6 +97,21 @@ export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
    * message twice.
    */
   redeliverFrom(topic: string, partition: number, offset: bigint): void;
+  /**
+   * Calls `listener` with the partitions this member no longer owns, each
+   * time some are taken away: a rebalance gave them to another member (the
+   * library reports each new assignment once the group is joined; the
+   * difference from the previous one is what was revoked), or the membership
+   * was lost with a rebuilt client. By then their buffered messages are
+   * dropped, and whatever is fetched for them later is never handed out nor
+   * committed (`commit` leaves them out); assigned again, a partition is
+   * handed out again from its committed offset. Partitions are revoked
+   * after the fact: between the start of a rebalance and the new assignment
+   * the member still works on them, as the new owner may already.
+   */
+  onRevoked(listener: (partitions: TopicPartition[]) => void): void;
+  /** The partitions the group last assigned to this member; undefined until it first joined. */
+  readonly assignment: readonly TopicPartition[] | undefined;
   /** Replaces a list selection (a no-op change is free); the group rebalances. */
   subscribe(topics: string[]): void;
   /** The topics currently subscribed. */
@@ -126,6 +157,13 @@ class GroupConsumer implements KafkaConsumer {
   // offsets, and what was already handed out must not be handed out twice.
   #delivered = new Map<string, bigint>();
   #restartRequested = false;
+  // The last message the iteration handed out: it may still be on its way to
+  // the reader when its partition is redelivered or revoked.
+  #handedOut: ConsumedMessage | undefined;
+  // The group's last assignment to this member (by partitionKey); undefined
+  // before the first join, when nothing can have been revoked.
+  #owned: Map<string, TopicPartition> | undefined;
+  readonly #revokedListeners: ((partitions: TopicPartition[]) => void)[] = [];
   #iterating = false;
   #closing: Promise<void> | undefined;
   #running: Promise<void>;
@@ -143,6 +181,14 @@ class GroupConsumer implements KafkaConsumer {
     return this.#subscribed;
   }
 
+  get assignment(): readonly TopicPartition[] | undefined {
+    return this.#owned && [...this.#owned.values()];
+  }
+
+  onRevoked(listener: (partitions: TopicPartition[]) => void): void {
+    this.#revokedListeners.push(listener);
+  }
+
   subscribe(topics: string[]): void {
     this.#selection = [...topics];
     void this.#checkTopics();
@@ -154,6 +200,10 @@ class GroupConsumer implements KafkaConsumer {
     const next = this.#delivered.get(key);
     if (next !== undefined && next <= offset) return;
     this.#delivered.set(key, offset);
+    const last = this.#handedOut;
+    if (last && last.topic === topic && last.partition === partition && last.offset >= offset) {
+      last.superseded = true;
+    }
     const kept = this.#buffer.filter((m) =>
       m.topic !== topic || m.partition !== partition || m.offset < offset
     );
@@ -168,12 +218,18 @@ class GroupConsumer implements KafkaConsumer {
   }
 
   async commit(offsets: TopicPartitionOffset[]): Promise<void> {
-    if (offsets.length === 0) return;
-    const request = {
-      offsets: offsets.map((o) => ({ ...o, leaderEpoch: -1 })),
-    };
     for (let attempt = 0;; attempt++) {
       if (this.#stop.signal.aborted) throw new Error("kafka consumer is closed");
+      // Re-checked on every attempt: a retry may come after a rebalance.
+      // (Inside one attempt the library itself may rejoin and commit again
+      // under the new generation: such a commit is of messages done, which
+      // can only move the new owner's offset over work done, or back.)
+      const owned = this.#owned;
+      const mine = owned
+        ? offsets.filter((o) => owned.has(partitionKey(o.topic, o.partition)))
+        : offsets;
+      if (mine.length === 0) return;
+      const request = { offsets: mine.map((o) => ({ ...o, leaderEpoch: -1 })) };
       const client = this.#client;
       if (client) {
         try {
@@ -199,6 +255,7 @@ class GroupConsumer implements KafkaConsumer {
         while (true) {
           const message = this.#buffer.shift();
           if (message) {
+            this.#handedOut = message;
             this.#bufferedBytes -= message.value.byteLength;
             if (
               this.#buffer.length < this.#maxBuffered / 2 &&
@@ -314,6 +371,15 @@ class GroupConsumer implements KafkaConsumer {
     });
     // Without a listener an emitted 'error' would crash the process.
     client.on("error", (error: Error) => this.#log.warn("kafka consumer error", { error }));
+    // Ours are the first listeners (the library's streams register theirs
+    // when created): the assignment is known here before anything of a new
+    // one is fetched.
+    client.on("consumer:group:join", (event: { assignments?: GroupAssignment[] }) => {
+      if (client === this.#client) this.#assigned(event.assignments ?? []);
+    });
+    client.on("consumer:group:leave", () => {
+      if (client === this.#client) this.#assigned([]);
+    });
     client.on(
       "consumer:heartbeat:error",
       (payload: { error: Error }) =>
@@ -322,8 +388,49 @@ class GroupConsumer implements KafkaConsumer {
     return client;
   }
 
+  /** Records the group's new assignment to this member and reports what it took away. */
+  #assigned(assignments: GroupAssignment[]): void {
+    const now = new Map<string, TopicPartition>();
+    for (const { topic, partitions } of assignments) {
+      for (const partition of partitions) {
+        now.set(partitionKey(topic, partition), { topic, partition });
+      }
+    }
+    const before = this.#owned;
+    this.#owned = now;
+    // Leaving the group at close() is no news to whoever closed it.
+    if (!before || this.#stop.signal.aborted) return;
+    const revoked = [...before].filter(([key]) => !now.has(key));
+    if (revoked.length === 0) return;
+    const keys = new Set(revoked.map(([key]) => key));
+    // Assigned again later, the partition starts over from its committed
+    // offset: what was handed out of it and dropped must come again.
+    for (const key of keys) this.#delivered.delete(key);
+    const last = this.#handedOut;
+    if (last && keys.has(partitionKey(last.topic, last.partition))) last.superseded = true;
+    const kept = this.#buffer.filter((m) => !keys.has(partitionKey(m.topic, m.partition)));
+    if (kept.length !== this.#buffer.length) {
+      this.#buffer = kept;
+      this.#bufferedBytes = kept.reduce((n, m) => n + m.value.byteLength, 0);
+    }
+    const partitions = revoked.map(([, tp]) => tp);
+    this.#log.info("kafka partitions revoked", {
+      revoked: partitions.length,
+      assigned: now.size,
+    });
+    for (const listener of this.#revokedListeners) {
+      try {
+        listener(partitions);
+      } catch (error) {
+        this.#log.error("a revocation listener failed", { error });
+      }
+    }
+  }
+
   async #dropClient(force: boolean): Promise<void> {
     const client = this.#client;
+    // Its membership goes with it: a new client joins as a new member.
+    if (client) this.#assigned([]);
     this.#client = undefined;
     if (!client) return;
     // Leaving the group needs the broker; when it is gone, don't wait for it.
@@ -349,6 +456,8 @@ class GroupConsumer implements KafkaConsumer {
       stream.on("data", (m: RawMessage) => {
         if (this.#retired.has(stream)) return;
         const key = partitionKey(m.topic, m.partition);
+        // A fetch that was under way when the partition was revoked.
+        if (this.#owned && !this.#owned.has(key)) return;
         const next = this.#delivered.get(key);
         if (next !== undefined && m.offset < next) return;
         this.#delivered.set(key, m.offset + 1n);

@@ -108,6 +108,8 @@ interface Partition {
   resumeFrom: bigint | undefined;
   /** Messages dropped while paused (for the log line at resume). */
   dropped: number;
+  /** Taken away by the group: nothing of it is started, retried or committed any more. */
+  revoked: boolean;
   /**
    * Offsets after a pause's cut that were already done when it was cut (a
    * fast dead letter, say): when handed out again they are done at once, not
@@ -162,6 +164,9 @@ export class InboxRelay implements Service {
   }
 
   start(): Promise<void> {
+    this.#deps.consumer.onRevoked((partitions) => {
+      for (const { topic, partition } of partitions) this.#revoke(topic, partition);
+    });
     this.#reader = this.#read().catch((error) => {
       // The consumer survives broker outages itself; reaching this is a bug.
       this.#log.error("relay reader failed", { error });
@@ -242,6 +247,10 @@ export class InboxRelay implements Service {
   }
 
   #accept(m: ConsumedMessage): void {
+    // Its partition was resumed (or revoked) while it was on its way here: it
+    // comes again, in order (taking it now would make its redelivery look
+    // like offsets going backwards, and do it twice).
+    if (m.superseded) return;
     const key = partitionKey(m.topic, m.partition);
     let p = this.#partitions.get(key);
     if (p?.resumeFrom !== undefined) {
@@ -279,6 +288,7 @@ export class InboxRelay implements Service {
         failing: 0,
         resumeFrom: undefined,
         dropped: 0,
+        revoked: false,
         doneAhead: new Set(),
       };
       this.#partitions.set(key, p);
@@ -327,7 +337,7 @@ export class InboxRelay implements Service {
 
   #pump(p: Partition): void {
     while (
-      p.resumeFrom === undefined && p.running.size < this.#opts.maxInFlight &&
+      !p.revoked && p.resumeFrom === undefined && p.running.size < this.#opts.maxInFlight &&
       p.head < p.queue.length && !this.#stopping.signal.aborted
     ) {
       const job = p.queue[p.head++];
@@ -410,9 +420,61 @@ export class InboxRelay implements Service {
     this.#gauges();
   }
 
+  /**
+   * The group gave the partition to another member, which starts from the
+   * committed offset: messages not started yet are dropped (the new owner
+   * admits them), retries stop, calls in flight run to their end unheeded
+   * (an admission of theirs is a replay for the new owner, thanks to the
+   * dispatch key, derived for a keyless message; a dead letter being written
+   * is finished, so that one may be written twice), and nothing of the
+   * partition is committed any more. Assigned back later, it starts afresh.
+   */
+  #revoke(topic: string, partition: number): void {
+    const key = partitionKey(topic, partition);
+    const p = this.#partitions.get(key);
+    if (!p) return;
+    this.#partitions.delete(key);
+    p.revoked = true;
+    let dropped = 0;
+    for (let i = p.head; i < p.queue.length; i++) {
+      const job = p.queue[i];
+      job.evicted = true;
+      this.#release(job);
+      dropped++;
+    }
+    p.queue = [];
+    p.head = 0;
+    for (const job of p.running) {
+      if (job.finishing) continue;
+      job.evicted = true;
+      if (job.failing) {
+        job.failing = false;
+        p.failing--;
+      }
+      job.cancel.abort();
+      this.#release(job);
+    }
+    if (p.resumeFrom !== undefined) {
+      p.resumeFrom = undefined;
+      this.#paused--;
+    }
+    this.#log.info("partition revoked", {
+      tenant: p.tenant,
+      topic,
+      partition,
+      dropped,
+      in_flight: p.running.size,
+      committable: p.tracker.committable === undefined ? undefined : String(p.tracker.committable),
+      last: p.tracker.last === undefined ? undefined : String(p.tracker.last),
+    });
+    this.#gauges();
+  }
+
   /** Resumes `p` once no message of it is failing: the consumer hands it out again. */
   #maybeResume(p: Partition): void {
-    if (p.resumeFrom === undefined || p.failing > 0 || this.#stopping.signal.aborted) return;
+    if (p.revoked || p.resumeFrom === undefined || p.failing > 0 || this.#stopping.signal.aborted) {
+      return;
+    }
     const from = p.resumeFrom;
     p.resumeFrom = undefined;
     this.#paused--;

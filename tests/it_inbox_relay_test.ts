@@ -18,7 +18,7 @@ import { createProducer, type KafkaProducer, type ProduceMessage } from "../kafk
 import { dispatchTopic, dlqTopic, tenantTopics } from "../contracts/topics.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { type TopicPartitionOffset } from "../kafka/client.ts";
-import { SECOND } from "../core/time.ts";
+import { delay, SECOND } from "../core/time.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
@@ -824,5 +824,88 @@ relayTest(
     assert.equal(new TextDecoder().decode(letter.value), value);
     assert.equal(letter.headers["poimen-dlq-reason"], "validation");
     assert.equal(letter.headers["poimen-dlq-status"], "422");
+  },
+);
+
+relayTest(
+  "two relays in one group: a partition revoked mid-backlog is left to its new owner, one run per message",
+  async (ctx) => {
+    await ctx.startApi();
+    // The API behind a delay, so the backlog takes a while to drain: the
+    // second relay joins while the first still holds most of it.
+    const server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen: () => {} },
+      async (req) => {
+        await delay(25);
+        const url = new URL(req.url);
+        const res = await fetch(`${ctx.api!.url}${url.pathname}${url.search}`, {
+          method: req.method,
+          headers: req.headers,
+          body: await req.arrayBuffer(),
+        });
+        return new Response(await res.arrayBuffer(), { status: res.status, headers: res.headers });
+      },
+    );
+    const env = {
+      API_URL: `http://127.0.0.1:${server.addr.port}`,
+      RELAY_MAX_IN_FLIGHT: "2",
+      LOG_LEVEL: "debug",
+    };
+    try {
+      const n = 1500;
+      // Every 10th keyless: its derived key must hold across the move too.
+      const values = Array.from(
+        { length: n },
+        (_, i) =>
+          i % 10 === 0
+            ? JSON.stringify({ workflow_ref: "echo", input: { i } })
+            : dispatch(`rv-${i}`, { i }),
+      );
+      await ctx.publish(
+        values.map((value, i) => ({ key: `${ctx.tenant}/${i}`, value, partition: i % 3 })),
+      );
+      const first = ctx.startRelay(env);
+      await waitFor(
+        "the first relay draining",
+        async () => (await countRuns(ctx.db, ctx.tenant)) >= 100,
+        LONG,
+      );
+      const second = ctx.startRelay(env);
+      const revoked = () =>
+        first.logs().filter((l) => l.includes('"msg":"partition revoked"'))
+          .map((l) => JSON.parse(l) as { partition: number; dropped: number });
+      await waitFor("a partition of the first relay revoked", () => revoked().length > 0, LONG);
+      assert.ok(
+        (await countRuns(ctx.db, ctx.tenant)) < n,
+        "the second relay joined while the first was still draining",
+      );
+      assert.ok(revoked().some((r) => r.dropped > 0), "queued messages were dropped");
+
+      await waitFor(`${n} runs`, async () => (await countRuns(ctx.db, ctx.tenant)) === n, LONG);
+      await caughtUp(second, ctx.tenant);
+      await caughtUp(first, ctx.tenant);
+      const [r] = await ctx.db.sql`
+        select count(*)::int as runs, count(distinct dispatch_key)::int as keys
+          from runs where tenant_id = ${ctx.tenant}`;
+      assert.deepEqual({ runs: r.runs, keys: r.keys }, { runs: n, keys: n }, "one run per message");
+      assert.ok(
+        (await relayMetric(second, "poimen_inbox_messages_total", { outcome: "created" })) > 0,
+        "the new owner admitted what the first relay let go",
+      );
+
+      // After giving a partition up, the first relay admits nothing more of it.
+      const lines = first.logs();
+      for (const { partition } of revoked()) {
+        const at = lines.findIndex((l) =>
+          l.includes('"msg":"partition revoked"') && l.includes(`"partition":${partition},`)
+        );
+        const late = lines.slice(at).filter((l) =>
+          l.includes('"msg":"admitted"') && l.includes(`"partition":${partition},`)
+        );
+        assert.deepEqual(late, [], `partition ${partition} admitted after its revocation`);
+      }
+    } finally {
+      await server.shutdown();
+    }
   },
 );

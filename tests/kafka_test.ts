@@ -310,3 +310,102 @@ Deno.test(
     }
   },
 );
+
+Deno.test(
+  "kafka: a message handed out and then redelivered is marked superseded and comes again",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.supersede.${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 1, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const consumer = createConsumer({
+        brokers: BROKERS,
+        clientId: "poimen-test",
+        groupId: `test-${suffix()}`,
+        topics: [topic],
+      });
+      try {
+        await producer.send(["a", "b", "c"].map((value) => ({ topic, key: "k", value })));
+        const messages = consumer[Symbol.asyncIterator]();
+        const a = (await messages.next()).value as ConsumedMessage;
+        const b = (await messages.next()).value as ConsumedMessage;
+        assert.deepEqual([text(a), text(b)], ["a", "b"]);
+        // As if b were still on its way to the reader: redelivered from it.
+        consumer.redeliverFrom(topic, 0, b.offset);
+        assert.equal(b.superseded, true, "the reader is told to drop it");
+        assert.equal(a.superseded, undefined, "what came before is untouched");
+        const again = (await messages.next()).value as ConsumedMessage;
+        assert.deepEqual([text(again), again.offset, again.superseded], ["b", b.offset, undefined]);
+        assert.equal(text((await messages.next()).value as ConsumedMessage), "c");
+      } finally {
+        await consumer.close();
+        await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
+  "kafka: partitions given to a second member are reported revoked, and never handed out again",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.revoke.${suffix()}`;
+    const groupId = `test-${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 4, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const member = () =>
+        createConsumer({
+          brokers: BROKERS,
+          clientId: "poimen-test",
+          groupId,
+          topics: [topic],
+          sessionTimeoutMs: 6000,
+          heartbeatIntervalMs: 300,
+        });
+      const first = member();
+      const revoked: { topic: string; partition: number }[] = [];
+      first.onRevoked((ps) => revoked.push(...ps));
+      let second: KafkaConsumer | undefined;
+      try {
+        const got = collect(first);
+        await producer.send(
+          [0, 1, 2, 3].map((partition) => ({ topic, key: "k", value: "x", partition })),
+        );
+        await waitFor("all four partitions", () => got.length === 4, 30 * SECOND);
+        assert.equal(first.assignment?.length, 4);
+
+        second = member();
+        const gotSecond = collect(second);
+        await waitFor("a partition revoked", () => revoked.length > 0, 30 * SECOND);
+        await waitFor("the assignment split", () => first.assignment?.length === 2, 30 * SECOND);
+        const kept = new Set(first.assignment!.map((a) => a.partition));
+        assert.deepEqual(
+          revoked.map((r) => r.partition).sort(),
+          [0, 1, 2, 3].filter((p) => !kept.has(p)),
+        );
+        assert.ok(revoked.every((r) => r.topic === topic));
+
+        // New messages of a revoked partition go to the second member only.
+        const before = got.length;
+        await producer.send(
+          [0, 1, 2, 3].map((partition) => ({ topic, key: "k", value: "y", partition })),
+        );
+        await waitFor(
+          "the second member's share",
+          () => gotSecond.some((m) => text(m) === "y"),
+          30 * SECOND,
+        );
+        await waitFor("the first member's share", () => got.length === before + 2, 30 * SECOND);
+        assert.ok(got.slice(before).every((m) => kept.has(m.partition)));
+      } finally {
+        await second?.close();
+        await first.close();
+        await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);

@@ -607,10 +607,12 @@ Deno.test({
         console.error(api.logs().slice(-40).join("\n"));
       }
       if (failed && relay) {
-        console.error(`--- relay logs (last 80 lines; FUZZ_SEED=${SEED}) ---`);
+        console.error(`--- relay logs (pauses, then the last 40 lines; FUZZ_SEED=${SEED}) ---`);
+        const notable =
+          /"msg":"(partition paused|partition resumed|offsets went backwards|partition revoked)/;
+        console.error(relay.logs().filter((l) => notable.test(l)).join("\n"));
         console.error(
-          relay.logs().filter((l) => !l.includes('"msg":"admitted"')).slice(-80)
-            .join("\n"),
+          relay.logs().filter((l) => !l.includes('"msg":"admitted"')).slice(-40).join("\n"),
         );
       }
       await relay?.stop("SIGKILL");
