@@ -86,7 +86,10 @@ interface Job {
   evicted: boolean;
   /** Has failed transiently and is being retried (it holds its partition paused). */
   failing: boolean;
-  /** Writing its dead letter: never let go, or it would be dead-lettered twice. */
+  /**
+   * Its outcome is decided (admitted, or its dead letter being written) but
+   * not yet recorded: never let go, or it would be done twice.
+   */
   finishing: boolean;
   /** Cuts its backoff short when it is let go (a call in flight is left to finish). */
   cancel: AbortController;
@@ -371,7 +374,7 @@ export class InboxRelay implements Service {
     const offset = failed.m.offset;
     const wasPaused = p.resumeFrom !== undefined;
     if (wasPaused && p.resumeFrom! <= offset + 1n) return;
-    // A message after it that is being dead-lettered is finished, not let go:
+    // A message after it whose outcome is decided is finished, not let go:
     // the cut moves past it (those in between keep going).
     let cut = offset;
     for (const job of p.running) {
@@ -549,6 +552,8 @@ export class InboxRelay implements Service {
       if (outcome.kind === "created" || outcome.kind === "replayed") {
         // A let-go message comes again and is counted then (as replayed).
         if (job.evicted) return "abandoned";
+        // Decided: a pause before #finished records it must not let it go.
+        job.finishing = true;
         metrics.messages.inc({ outcome: outcome.kind });
         this.#log.debug("admitted", {
           ...where,

@@ -349,12 +349,13 @@ const headers: fc.Arbitrary<Record<string, string>> = fc.record({
   }),
   other: fc.option(fc.tuple(hostileString, headerGarbage), { nil: undefined, freq: 4 }),
 }).map((h) => {
-  const out: Record<string, string> = {};
-  if (h.other) out[h.other[0]] = h.other[1];
-  if (h.traceparent !== undefined) out.traceparent = h.traceparent;
-  if (h.tracestate !== undefined) out.tracestate = h.tracestate;
-  if (h.forged !== undefined) out[h.forged] = "forged";
-  return out;
+  // fromEntries: a header named "__proto__" is a header, not a prototype.
+  const out: [string, string][] = [];
+  if (h.other) out.push(h.other);
+  if (h.traceparent !== undefined) out.push(["traceparent", h.traceparent]);
+  if (h.tracestate !== undefined) out.push(["tracestate", h.tracestate]);
+  if (h.forged !== undefined) out.push([h.forged, "forged"]);
+  return Object.fromEntries(out);
 });
 
 function generate(tenant: string): Generated[] {
@@ -607,6 +608,9 @@ Deno.test({
         console.error(api.logs().slice(-40).join("\n"));
       }
       if (failed && relay) {
+        const file = await Deno.makeTempFile({ prefix: "relay-fuzz-", suffix: ".log" });
+        await Deno.writeTextFile(file, relay.logs().join("\n") + "\n");
+        console.error(`--- relay logs (all of them: ${file}) ---`);
         console.error(`--- relay logs (pauses, then the last 40 lines; FUZZ_SEED=${SEED}) ---`);
         const notable =
           /"msg":"(partition paused|partition resumed|offsets went backwards|partition revoked)/;
