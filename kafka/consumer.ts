@@ -105,9 +105,11 @@ export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
    * was lost with a rebuilt client. By then their buffered messages are
    * dropped, and whatever is fetched for them later is never handed out nor
    * committed (`commit` leaves them out); assigned again, a partition is
-   * handed out again from its committed offset. Partitions are revoked
-   * after the fact: between the start of a rebalance and the new assignment
-   * the member still works on them, as the new owner may already.
+   * handed out again from its committed offset. Revocation is learnt once
+   * the group is joined again, at the moment the new owner gets the
+   * partition: the new owner starts from the committed offset, so what this
+   * member did but had not committed yet, and its work still under way, may
+   * be done by both (the reader's idempotence must cover that).
    */
   onRevoked(listener: (partitions: TopicPartition[]) => void): void;
   /** The partitions the group last assigned to this member; undefined until it first joined. */
