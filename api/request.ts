@@ -30,11 +30,33 @@ export const requireJson: MiddlewareHandler = async (c, next) => {
  * limit and never buffers more).
  */
 export function limitBody(maxSize: number): MiddlewareHandler {
-  return bodyLimit({
+  const limit = bodyLimit({
     maxSize,
     onError: () => {
       throw new PoimenError("body-too-large", `the body exceeds ${maxSize} bytes`);
     },
+  });
+  return async (c, next) => {
+    // Without a Content-Length, bodyLimit reads the stream itself: a stream
+    // that breaks off fails there, before any handler, and is the client's
+    // doing (400, worth resending), not a 500. Errors after next() are the
+    // handler's and pass through untouched.
+    let downstream = false;
+    try {
+      await limit(c, () => {
+        downstream = true;
+        return next();
+      });
+    } catch (err) {
+      if (downstream || err instanceof PoimenError) throw err;
+      throw unreadable(err);
+    }
+  };
+}
+
+function unreadable(cause: unknown): PoimenError {
+  return new PoimenError("body-unreadable", "the request body ended before it was complete", {
+    cause,
   });
 }
 
@@ -43,7 +65,15 @@ const UTF8 = new TextDecoder("utf-8", { fatal: true });
 
 /** Reads the (already size-limited) body as JSON: 400 when empty, not UTF-8 or not JSON. */
 export async function parseJsonBody(c: Context): Promise<unknown> {
-  const bytes = new Uint8Array(await c.req.arrayBuffer());
+  let bytes: Uint8Array;
+  try {
+    bytes = new Uint8Array(await c.req.arrayBuffer());
+  } catch (err) {
+    // bodyLimit's 413 surfaces here while the body streams in; anything else
+    // is the stream breaking under us, which is the client's, not a 500.
+    if (err instanceof PoimenError) throw err;
+    throw unreadable(err);
+  }
   if (bytes.byteLength === 0) throw new PoimenError("bad-json", "the body is empty");
   let text: string;
   try {

@@ -33,6 +33,11 @@ export const ERRORS = {
   forbidden: { status: 403, title: "Not allowed for this tenant", retryable: false },
   "not-found": { status: 404, title: "Not found", retryable: false },
   /** Cancelling a run that already succeeded or failed: it is left as it is. */
+  /**
+   * The body stream failed before its end (the client went away or sent a
+   * broken chunked body): the client's doing, and worth sending again.
+   */
+  "body-unreadable": { status: 400, title: "Request body could not be read", retryable: true },
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   config: { status: 500, title: "Invalid configuration", retryable: false },

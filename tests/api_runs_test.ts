@@ -101,6 +101,20 @@ CASES.push(["api refuses each bad input with a problem and writes nothing", asyn
   const start = await counts();
   await t.step("not JSON: 400", () => refused(() => req("{nope"), 400, "bad-json"));
   await t.step("empty body: 400", () => refused(() => req(""), 400, "bad-json"));
+  await t.step("a body stream that breaks off: 400, not a 500", () =>
+    refused(
+      () =>
+        req(
+          new ReadableStream<Uint8Array>({
+            start(ctl) {
+              ctl.enqueue(new TextEncoder().encode('{"workflow_ref":"echo","input":'));
+              ctl.error(new Error("connection reset by peer"));
+            },
+          }),
+        ),
+      400,
+      "body-unreadable",
+    ));
   await t.step(
     "wrong content type: 415",
     () =>
