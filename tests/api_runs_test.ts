@@ -382,74 +382,77 @@ CASES.push(["hostile input is a 422 naming the failing field, never a 5xx", asyn
   });
 }]);
 
-CASES.push(["api auth rules", async (t) => {
-  const ok = JSON.stringify({ workflow_ref: "echo", input: { hi: 1 } });
-  await t.step("no token: 401 with WWW-Authenticate", async () => {
-    await refused(
-      () =>
-        app.request("/v1/runs", {
-          method: "POST",
-          body: ok,
-          headers: { "content-type": "application/json" },
-        }),
-      401,
-      "unauthorized",
-    );
-    assert.match((await app.request("/v1/runs")).headers.get("www-authenticate") ?? "", /Bearer/);
-  });
-  await t.step(
-    "unknown token: 401",
-    () => refused(() => req(ok, { authorization: `Bearer ${newToken()}` }), 401, "unauthorized"),
-  );
-  await t.step(
-    "not a bearer token: 401",
-    () => refused(() => req(ok, { authorization: `Basic ${btoa("a:b")}` }), 401, "unauthorized"),
-  );
-  await t.step(
-    "tenant token naming another tenant: 403",
-    () => refused(() => req(ok, { "poimen-tenant": "globex" }), 403, "forbidden"),
-  );
-  await t.step(
-    "service token without a tenant: 403",
-    () => refused(() => req(ok, { authorization: `Bearer ${relay}` }), 403, "forbidden"),
-  );
-  await t.step(
-    "service token for an unknown tenant: 403",
-    () =>
-      refused(
-        () => req(ok, { authorization: `Bearer ${relay}`, "poimen-tenant": "nobody" }),
-        403,
-        "forbidden",
-      ),
-  );
-  await t.step("service token for a tenant: admits there, with its source", async () => {
-    const r = await req(ok, {
-      authorization: `Bearer ${relay}`,
-      "poimen-tenant": "globex",
-      "poimen-source": "kafka:poimen.globex.dispatch/0/42",
+CASES.push([
+  "api auth: a token is required, a tenant token acts for its own tenant only, a service token for a named one",
+  async (t) => {
+    const ok = JSON.stringify({ workflow_ref: "echo", input: { hi: 1 } });
+    await t.step("no token: 401 with WWW-Authenticate", async () => {
+      await refused(
+        () =>
+          app.request("/v1/runs", {
+            method: "POST",
+            body: ok,
+            headers: { "content-type": "application/json" },
+          }),
+        401,
+        "unauthorized",
+      );
+      assert.match((await app.request("/v1/runs")).headers.get("www-authenticate") ?? "", /Bearer/);
     });
-    assert.equal(r.status, 201);
-    const run = await r.json();
-    assert.equal(run.tenant_id, "globex");
-    assert.equal(run.source, "kafka:poimen.globex.dispatch/0/42");
-  });
-  await t.step("a tenant token cannot claim a source", async () => {
-    const r = await req(ok, { "poimen-source": "kafka:poimen.acme.dispatch/0/1" });
-    assert.equal(r.status, 201);
-    assert.equal((await r.json()).source, "http:acme");
-  });
-  await t.step("another tenant's run is a 404, and absent from its list", async () => {
-    const mine = await (await req(ok)).json();
-    const other = () =>
-      app.request(`/v1/runs/${mine.run_id}`, { headers: { authorization: `Bearer ${globex}` } });
-    await refused(other, 404, "not-found");
-    const list = await (await app.request("/v1/runs?limit=500", {
-      headers: { authorization: `Bearer ${globex}` },
-    })).json();
-    assert.ok(list.runs.every((r: { tenant_id: string }) => r.tenant_id === "globex"));
-    assert.ok(!list.runs.some((r: { run_id: string }) => r.run_id === mine.run_id));
-  });
-}]);
+    await t.step(
+      "unknown token: 401",
+      () => refused(() => req(ok, { authorization: `Bearer ${newToken()}` }), 401, "unauthorized"),
+    );
+    await t.step(
+      "not a bearer token: 401",
+      () => refused(() => req(ok, { authorization: `Basic ${btoa("a:b")}` }), 401, "unauthorized"),
+    );
+    await t.step(
+      "tenant token naming another tenant: 403",
+      () => refused(() => req(ok, { "poimen-tenant": "globex" }), 403, "forbidden"),
+    );
+    await t.step(
+      "service token without a tenant: 403",
+      () => refused(() => req(ok, { authorization: `Bearer ${relay}` }), 403, "forbidden"),
+    );
+    await t.step(
+      "service token for an unknown tenant: 403",
+      () =>
+        refused(
+          () => req(ok, { authorization: `Bearer ${relay}`, "poimen-tenant": "nobody" }),
+          403,
+          "forbidden",
+        ),
+    );
+    await t.step("service token for a tenant: admits there, with its source", async () => {
+      const r = await req(ok, {
+        authorization: `Bearer ${relay}`,
+        "poimen-tenant": "globex",
+        "poimen-source": "kafka:poimen.globex.dispatch/0/42",
+      });
+      assert.equal(r.status, 201);
+      const run = await r.json();
+      assert.equal(run.tenant_id, "globex");
+      assert.equal(run.source, "kafka:poimen.globex.dispatch/0/42");
+    });
+    await t.step("a tenant token cannot claim a source", async () => {
+      const r = await req(ok, { "poimen-source": "kafka:poimen.acme.dispatch/0/1" });
+      assert.equal(r.status, 201);
+      assert.equal((await r.json()).source, "http:acme");
+    });
+    await t.step("another tenant's run is a 404, and absent from its list", async () => {
+      const mine = await (await req(ok)).json();
+      const other = () =>
+        app.request(`/v1/runs/${mine.run_id}`, { headers: { authorization: `Bearer ${globex}` } });
+      await refused(other, 404, "not-found");
+      const list = await (await app.request("/v1/runs?limit=500", {
+        headers: { authorization: `Bearer ${globex}` },
+      })).json();
+      assert.ok(list.runs.every((r: { tenant_id: string }) => r.tenant_id === "globex"));
+      assert.ok(!list.runs.some((r: { run_id: string }) => r.run_id === mine.run_id));
+    });
+  },
+]);
 
 CASES.push(["runs list filters and pages with a cursor", async (_t) => {
   const auth = { authorization: `Bearer ${acme}` };

@@ -1,7 +1,8 @@
 /**
- * Card T10.3 against a real API process and a real Postgres: the same
- * (tenant, dispatch_key) makes exactly one run, sequentially, concurrently
- * and against a transaction holding the key; no key means no dedup.
+ * Idempotent admission against a real API process and a real Postgres: the
+ * same (tenant, dispatch_key) makes exactly one run, sequentially,
+ * concurrently and against a transaction holding the key; no key means no
+ * dedup.
  */
 import assert from "node:assert/strict";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
@@ -65,51 +66,67 @@ function withApi(
   });
 }
 
-withApi("idempotent_admission: the card's sequence", {}, async (db, api) => {
-  const [tenant, token] = await newTenant(db, "card");
-  const K = `key-${crypto.randomUUID()}`;
+withApi(
+  "idempotent_admission: a key admits once; repeats replay that run (flagging a different body), without a key each call is a new run",
+  {},
+  async (db, api) => {
+    const [tenant, token] = await newTenant(db, "replay");
+    const K = `key-${crypto.randomUUID()}`;
 
-  // 1. Spawn with K: one run, R.
-  const first = await post(api, token, { workflow_ref: "echo", input: { n: 1 }, dispatch_key: K });
-  assert.equal(first.status, 201);
-  assert.equal(first.headers.get("location"), `/v1/runs/${first.body.run_id}`);
-  assert.equal(first.headers.get("idempotent-replayed"), null);
-  assert.equal(await countRuns(db, tenant, K), 1);
-  const R = first.body.run_id;
+    // Spawn with K: one run, R.
+    const first = await post(api, token, {
+      workflow_ref: "echo",
+      input: { n: 1 },
+      dispatch_key: K,
+    });
+    assert.equal(first.status, 201);
+    assert.equal(first.headers.get("location"), `/v1/runs/${first.body.run_id}`);
+    assert.equal(first.headers.get("idempotent-replayed"), null);
+    assert.equal(await countRuns(db, tenant, K), 1);
+    const R = first.body.run_id;
 
-  // 2. Again with K: no new run, the same id, marked as a replay.
-  const second = await post(api, token, { workflow_ref: "echo", input: { n: 1 }, dispatch_key: K });
-  assert.equal(second.status, 200);
-  assert.equal(second.body.run_id, R);
-  assert.equal(second.headers.get("idempotent-replayed"), "true");
-  assert.equal(second.headers.get("idempotent-body-mismatch"), null);
-  assert.equal(await countRuns(db, tenant, K), 1);
+    // Again with K: no new run, the same id, marked as a replay.
+    const second = await post(api, token, {
+      workflow_ref: "echo",
+      input: { n: 1 },
+      dispatch_key: K,
+    });
+    assert.equal(second.status, 200);
+    assert.equal(second.body.run_id, R);
+    assert.equal(second.headers.get("idempotent-replayed"), "true");
+    assert.equal(second.headers.get("idempotent-body-mismatch"), null);
+    assert.equal(await countRuns(db, tenant, K), 1);
 
-  // A replay with another body still gets R, but says the bodies differ.
-  const before = await api.metric("poimen_admission_replay_body_mismatch_total");
-  const third = await post(api, token, { workflow_ref: "echo", input: { n: 2 }, dispatch_key: K });
-  assert.equal(third.status, 200);
-  assert.equal(third.body.run_id, R);
-  assert.equal(third.headers.get("idempotent-body-mismatch"), "true");
-  assert.equal(await api.metric("poimen_admission_replay_body_mismatch_total"), before + 1);
+    // A replay with another body still gets R, but says the bodies differ.
+    const before = await api.metric("poimen_admission_replay_body_mismatch_total");
+    const third = await post(api, token, {
+      workflow_ref: "echo",
+      input: { n: 2 },
+      dispatch_key: K,
+    });
+    assert.equal(third.status, 200);
+    assert.equal(third.body.run_id, R);
+    assert.equal(third.headers.get("idempotent-body-mismatch"), "true");
+    assert.equal(await api.metric("poimen_admission_replay_body_mismatch_total"), before + 1);
 
-  // The deduplicated admissions wrote nothing: one run.admitted event.
-  const events = await db.sql`select type, seq from work_events where run_id = ${R}`;
-  assert.deepEqual(events.map((e) => [e.type, e.seq]), [["run.admitted", 1]]);
+    // The deduplicated admissions wrote nothing: one run.admitted event.
+    const events = await db.sql`select type, seq from work_events where run_id = ${R}`;
+    assert.deepEqual(events.map((e) => [e.type, e.seq]), [["run.admitted", 1]]);
 
-  // 4. No key, twice: two distinct runs.
-  const a = await post(api, token, { workflow_ref: "echo", input: { n: 1 } });
-  const b = await post(api, token, { workflow_ref: "echo", input: { n: 1 } });
-  assert.equal(a.status, 201);
-  assert.equal(b.status, 201);
-  assert.notEqual(a.body.run_id, b.body.run_id);
-  assert.equal(await countRuns(db, tenant), 3);
+    // No key, twice: two distinct runs.
+    const a = await post(api, token, { workflow_ref: "echo", input: { n: 1 } });
+    const b = await post(api, token, { workflow_ref: "echo", input: { n: 1 } });
+    assert.equal(a.status, 201);
+    assert.equal(b.status, 201);
+    assert.notEqual(a.body.run_id, b.body.run_id);
+    assert.equal(await countRuns(db, tenant), 3);
 
-  assert.equal(await api.metric("poimen_admissions_total", { outcome: "created" }), 3);
-  assert.equal(await api.metric("poimen_admissions_total", { outcome: "deduplicated" }), 2);
-});
+    assert.equal(await api.metric("poimen_admissions_total", { outcome: "created" }), 3);
+    assert.equal(await api.metric("poimen_admissions_total", { outcome: "deduplicated" }), 2);
+  },
+);
 
-// 3. Twenty concurrent callers, each on its own TCP connection. Once with
+// Twenty concurrent callers, each on its own TCP connection. Once with
 // group commit (the 20 may share a statement), once with one statement per
 // admission on 20 pooled connections, so the unique index itself must catch
 // the race between transactions.
@@ -152,7 +169,7 @@ for (
   );
 }
 
-// 5. The index catches the race deterministically: a transaction holding K
+// The index catches the race deterministically: a transaction holding K
 // makes the admission wait; its commit hands over its run, its rollback lets
 // the admission create one.
 withApi(
@@ -204,7 +221,7 @@ withApi(
   },
 );
 
-// 6. Keys are per tenant.
+// Keys are per tenant.
 withApi(
   "idempotent_admission: the same key under two tenants makes two runs",
   {},

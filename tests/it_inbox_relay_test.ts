@@ -1,5 +1,5 @@
 /**
- * Card T10.7 against a real broker, a real API process and a real relay
+ * The inbox relay against a real broker, a real API process and a real relay
  * process: every dispatch message becomes exactly one run, through
  * `POST /v1/runs` only, under redelivery, relay crashes, broker and API
  * outages; malformed messages are dead-lettered and the relay keeps draining.
