@@ -20,6 +20,21 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
 }
 
 /**
+ * Waits for `work` at most `ms`: true when it resolved in time, false when
+ * the time ran out first (it is not cancelled); rejects when it rejects in
+ * time. Unlike racing it against `delay(ms)`, it leaves no timer behind, which
+ * would hold a stopping process (or fail a sanitized test) for the rest of `ms`.
+ */
+export async function within(work: Promise<unknown>, ms: number): Promise<boolean> {
+  const done = new AbortController();
+  try {
+    return await Promise.race([work.then(() => true), delay(ms, done.signal).then(() => false)]);
+  } finally {
+    done.abort();
+  }
+}
+
+/**
  * Exponential backoff with full jitter (AWS architecture blog): a uniformly
  * random wait in [0, min(cap, base * 2^attempt)). Full jitter spreads retries
  * of many clients that failed together, which equal jitter does not.

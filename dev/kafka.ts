@@ -283,6 +283,12 @@ export interface StartResult {
   alreadyRunning: boolean;
   /** Time from spawning the JVM until a client request succeeded, in ms (0 if already running). */
   startMs: number;
+  /**
+   * Waits until the JVM this call spawned has exited and been reaped (absent
+   * when it spawned none). A test calls it after stopping the broker, so the
+   * child leaves nothing behind for its sanitizers.
+   */
+  reaped?: () => Promise<void>;
 }
 
 /**
@@ -330,7 +336,13 @@ export async function startBroker(
   await Deno.writeTextFile(`${opts.dir}/broker.pid`, `${pid}\n`);
 
   let exited = false;
-  child.status.then(() => (exited = true)).catch(() => (exited = true));
+  child.status.then(() => (exited = true), () => (exited = true));
+  const reaped = async () => {
+    // The child is unref'd so this script can exit while it runs; waiting
+    // for it must keep the event loop alive again.
+    child.ref();
+    await child.status.catch(() => {});
+  };
   const deadline = Date.now() + START_DEADLINE;
   while (Date.now() < deadline) {
     // Our own child: its exit status is authoritative (right after spawn,
@@ -344,7 +356,7 @@ export async function startBroker(
     if (await brokerAnswers(address, SECOND)) {
       const startMs = Math.round(performance.now() - started);
       report(`kafka ready on ${address} (pid ${pid}) after ${(startMs / SECOND).toFixed(1)} s`);
-      return { pid, alreadyRunning: false, startMs };
+      return { pid, alreadyRunning: false, startMs, reaped };
     }
     await delay(250);
   }

@@ -14,7 +14,7 @@ import {
 } from "@platformatic/kafka";
 import { createAdmin, type KafkaAdmin } from "./admin.ts";
 import { type Logger, silentLogger } from "../core/log.ts";
-import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
 import {
   baseOptions,
   identityBuffer,
@@ -437,11 +437,7 @@ class GroupConsumer implements KafkaConsumer {
     if (!client) return;
     // Leaving the group needs the broker; when it is gone, don't wait for it.
     const closing = client.close(force).catch(() => {});
-    const timedOut = await Promise.race([
-      closing.then(() => false),
-      delay(5 * SECOND).then(() => true),
-    ]);
-    if (timedOut) await client.close(true).catch(() => {});
+    if (!await within(closing, 5 * SECOND)) await client.close(true).catch(() => {});
   }
 
   async #closeStream(): Promise<void> {

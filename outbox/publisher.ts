@@ -42,7 +42,7 @@
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
-import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
 import { OUTBOX_CHANNEL } from "../db/notify.ts";
 import {
   type ClaimedEvent,
@@ -182,10 +182,7 @@ export class OutboxRelay implements Service {
     } catch (err) {
       this.#log.warn("unlisten failed", { error: err });
     }
-    const finished = await Promise.race([
-      this.#shipping.then(() => true),
-      delay(this.#opts.shutdownMs).then(() => false),
-    ]);
+    const finished = await within(this.#shipping, this.#opts.shutdownMs);
     if (!finished) {
       this.#log.warn("batch in flight did not finish in time, abandoning it", {
         shutdown_ms: this.#opts.shutdownMs,
@@ -466,7 +463,7 @@ export class OutboxRelay implements Service {
     this.#producer = undefined;
     if (!producer) return;
     // Closing needs no broker, but don't let a wedged client hold up a stop.
-    await Promise.race([producer.close().catch(() => {}), delay(5000)]);
+    await within(producer.close().catch(() => {}), 5000);
   }
 
   async #inPhase<T>(phase: Phase, fn: () => Promise<T>): Promise<T> {

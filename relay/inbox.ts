@@ -28,7 +28,7 @@
 import type { Logger } from "../core/log.ts";
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
-import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
 import type { ApiClient, Outcome } from "./api_client.ts";
 import { derivedDispatchKey, prepareBody, retryDelay } from "./api_client.ts";
 import { deadLetter, type Failure } from "./dead_letter.ts";
@@ -201,10 +201,7 @@ export class InboxRelay implements Service {
         within_ms: this.#opts.shutdownMs,
       });
       this.#idle ??= Promise.withResolvers<void>();
-      const finished = await Promise.race([
-        this.#idle.promise.then(() => true),
-        delay(this.#opts.shutdownMs).then(() => false),
-      ]);
+      const finished = await within(this.#idle.promise, this.#opts.shutdownMs);
       if (!finished) {
         this.#log.warn("abandoning API calls still in flight", { in_flight: this.#inFlight });
         this.#hardStop.abort();
@@ -213,10 +210,7 @@ export class InboxRelay implements Service {
     }
     this.#hardStop.abort();
     for (const t of this.#timers) clearInterval(t);
-    const committed = await Promise.race([
-      this.#commit().then(() => this.#commit()).then(() => true),
-      delay(FINAL_COMMIT_MS).then(() => false),
-    ]);
+    const committed = await within(this.#commit().then(() => this.#commit()), FINAL_COMMIT_MS);
     if (!committed) {
       this.#log.warn("final commit did not finish; those messages will be redelivered");
     }

@@ -14,7 +14,7 @@ import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../contract
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
-import { privateBroker } from "./support/kafka.ts";
+import { KAFKA_TEST, privateBroker } from "./support/kafka.ts";
 import { SECOND } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
@@ -61,7 +61,7 @@ Deno.test("topic names: helpers round-trip and reject bad tenant ids", () => {
   }
 });
 
-Deno.test("kafka: tenant topic declaration is idempotent", async () => {
+Deno.test("kafka: tenant topic declaration is idempotent", KAFKA_TEST, async () => {
   await withAdmin(async (admin) => {
     const tenant = `decl-${suffix()}`;
     const names = [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant)];
@@ -86,6 +86,7 @@ Deno.test("kafka: tenant topic declaration is idempotent", async () => {
 
 Deno.test(
   "kafka: a key lands on the Java client's partition; offsets per message",
+  KAFKA_TEST,
   async () => {
     const topic = `test.partition.${suffix()}`;
     await withAdmin(async (admin) => {
@@ -118,6 +119,7 @@ Deno.test(
 
 Deno.test(
   "kafka: round trip with keys and headers; commits survive a consumer restart",
+  KAFKA_TEST,
   async () => {
     const topic = `test.roundtrip.${suffix()}`;
     const group = `g-roundtrip-${suffix()}`;
@@ -192,6 +194,7 @@ Deno.test(
 
 Deno.test(
   "kafka: a RegExp subscription picks up new tenants' topics without a restart",
+  KAFKA_TEST,
   async () => {
     const run = suffix();
     const [t1, t2] = [`sub-${run}-a`, `sub-${run}-b`];
@@ -235,6 +238,7 @@ Deno.test(
 
 Deno.test(
   "kafka: messages and the consumer survive a broker stop and start",
+  KAFKA_TEST,
   async () => {
     // A broker of this test's own: stopping the shared one would break
     // whatever else is using it meanwhile.
