@@ -1,0 +1,156 @@
+/**
+ * /openapi.json: valid OpenAPI 3.1 by a validator that knows the standard
+ * (@seriousme/openapi-schema-validator: the official 3.1 schema and the JSON
+ * Schema 2020-12 dialect), complete (every route hono serves is in it, and
+ * nothing else is), and generated (its schemas are zod's, not a copy).
+ */
+import assert from "node:assert/strict";
+import client from "prom-client";
+import { z } from "zod";
+import { Validator } from "@seriousme/openapi-schema-validator";
+import { Ajv2020 } from "ajv/dist/2020.js";
+import { createApp } from "../api/app.ts";
+import { createApiMetrics } from "../api/metrics.ts";
+import { openApiPath } from "../api/openapi.ts";
+import { silentLogger } from "../core/log.ts";
+import { ListRunsQuery, Problem, Run, RunPage, RunRequest } from "../contracts/runs.ts";
+
+type Doc = {
+  openapi: string;
+  components: { schemas: Record<string, unknown> };
+  paths: Record<string, Record<string, Record<string, unknown>>>;
+};
+
+// Serving the document touches neither Postgres nor the admission kernel.
+const app = createApp({
+  sql: {} as never,
+  admission: {} as never,
+  auth: {} as never,
+  metrics: createApiMetrics(new client.Registry()),
+  log: silentLogger,
+  bodyLimit: 4096,
+  consoleAssets: { appJs: "", css: "" },
+});
+
+async function served(): Promise<Doc> {
+  const res = await app.request("/openapi.json");
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get("content-type") ?? "", /^application\/json/);
+  return await res.json();
+}
+
+/** Every Schema Object in `doc`, by where it is: components, parameters, headers, bodies. */
+function schemaObjects(doc: Doc): [string, unknown][] {
+  const found: [string, unknown][] = Object.entries(doc.components.schemas)
+    .map(([name, s]) => [`components.schemas.${name}`, s]);
+  const walk = (node: unknown, at: string) => {
+    if (typeof node !== "object" || node === null) return;
+    for (const [k, v] of Object.entries(node)) {
+      if (k === "schema") found.push([`${at}.schema`, v]);
+      else walk(v, `${at}.${k}`);
+    }
+  };
+  walk(doc.paths, "paths");
+  return found;
+}
+
+/**
+ * The OpenAPI 3.1 schema leaves Schema Objects open (any object), so the
+ * validator checks the document's structure and its $refs; each Schema
+ * Object is checked here against the JSON Schema 2020-12 meta-schema.
+ */
+async function validate(doc: Doc) {
+  const validator = new Validator();
+  const result = await validator.validate(structuredClone(doc) as never);
+  const ajv = new Ajv2020({ strict: true });
+  const schemaErrors = schemaObjects(doc).flatMap(([at, s]) =>
+    ajv.validateSchema(s as object) ? [] : [{ at, errors: ajv.errors }]
+  );
+  return {
+    version: validator.version,
+    valid: result.valid && schemaErrors.length === 0,
+    errors: [result.errors ?? [], schemaErrors].flat(),
+    schemas: schemaObjects(doc).length,
+  };
+}
+
+Deno.test("openapi: the served document is valid OpenAPI 3.1", async () => {
+  const doc = await served();
+  assert.equal(doc.openapi, "3.1.0");
+  const result = await validate(doc);
+  assert.equal(result.version, "3.1");
+  assert.equal(result.valid, true, JSON.stringify(result.errors, null, 2));
+  assert.ok(result.schemas > 20, `only ${result.schemas} schema objects found`);
+});
+
+Deno.test("openapi: the validator refuses a document that breaks the standard", async () => {
+  // So that the test above could fail: each of these is a real mistake.
+  const noDescription = await served();
+  const created = (noDescription.paths["/v1/runs"].post.responses as Record<string, object>)["201"];
+  delete (created as { description?: string }).description;
+  assert.equal((await validate(noDescription)).valid, false, "a response without description");
+
+  const badParameter = await served();
+  const parameters = badParameter.paths["/v1/runs"].get.parameters as { in: string }[];
+  parameters[0].in = "body";
+  assert.equal((await validate(badParameter)).valid, false, "a parameter `in: body`");
+
+  const badSchema = await served();
+  badSchema.components.schemas.Run = { type: "object", required: "run_id" };
+  assert.equal((await validate(badSchema)).valid, false, "a schema whose `required` is no list");
+
+  const badType = await served();
+  const header = (badType.paths["/v1/runs"].post.parameters as { schema: object }[])[0];
+  header.schema = { type: "strin" };
+  assert.equal((await validate(badType)).valid, false, "a parameter schema of an unknown type");
+
+  const dangling = await served();
+  dangling.components.schemas.RunPage = { $ref: "#/components/schemas/Nothing" };
+  assert.equal((await validate(dangling)).valid, false, "a $ref to nothing");
+});
+
+Deno.test("openapi: every route the API serves is documented, and nothing else is", async () => {
+  const doc = await served();
+  // The console (/console) is a browser UI of HTML pages, not part of the API.
+  const api = app.routes.filter((r) => r.method !== "ALL" && !r.path.startsWith("/console"));
+  const servedRoutes = new Set(
+    api.map((r) => `${r.method.toLowerCase()} ${openApiPath(r.path)}`),
+  );
+  const documented = new Set(
+    Object.entries(doc.paths).flatMap(([path, ops]) =>
+      Object.keys(ops).map((method) => `${method} ${path}`)
+    ),
+  );
+  assert.deepEqual([...documented].sort(), [...servedRoutes].sort());
+  // Only /v1 needs a token.
+  for (const [path, ops] of Object.entries(doc.paths)) {
+    for (const [method, op] of Object.entries(ops)) {
+      const open = Array.isArray(op.security) && op.security.length === 0;
+      assert.equal(open, !path.startsWith("/v1/"), `${method} ${path}`);
+    }
+  }
+});
+
+Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", async () => {
+  const doc = await served();
+  const zodSchema = (s: z.ZodType, io: "input" | "output") => {
+    const { $schema: _, ...rest } = z.toJSONSchema(s, { io, unrepresentable: "any" });
+    return rest;
+  };
+  assert.deepEqual(doc.components.schemas.RunRequest, zodSchema(RunRequest, "input"));
+  assert.deepEqual(doc.components.schemas.Run, zodSchema(Run, "output"));
+  assert.deepEqual(doc.components.schemas.Problem, zodSchema(Problem, "output"));
+  // RunPage refers to Run rather than repeating it.
+  const page = doc.components.schemas.RunPage as { properties: Record<string, unknown> };
+  assert.deepEqual(page.properties.runs, {
+    type: "array",
+    items: { $ref: "#/components/schemas/Run" },
+  });
+  assert.deepEqual(page.properties.next_cursor, zodSchema(RunPage.shape.next_cursor, "output"));
+  // The list's query parameters are ListRunsQuery's fields, each once.
+  const params = doc.paths["/v1/runs"].get.parameters as { name: string; in: string }[];
+  assert.deepEqual(
+    params.filter((p) => p.in === "query").map((p) => p.name),
+    Object.keys(ListRunsQuery.shape),
+  );
+});
