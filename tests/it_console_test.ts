@@ -1,0 +1,275 @@
+/**
+ * The console as a person uses it, in a real browser (headless Chromium from
+ * Debian's package, tests/support/browser.ts) against the real API process:
+ * log in with a token, find a run by its dispatch key, open it, cancel it and
+ * watch its status change; and a run whose dispatch key and input are
+ * markup is shown as text. Along the way: the CSP header is there, nothing
+ * violates it, and no request leaves localhost.
+ *
+ * CONSOLE_SCREENSHOTS=docs/console also saves one screenshot per page there
+ * (the README shows them).
+ */
+import assert from "node:assert/strict";
+import type { Page } from "playwright-core";
+import { CONSOLE_CSP } from "../api/console/console_routes.tsx";
+import { SECOND } from "../core/time.ts";
+import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
+import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { type Browser, launchBrowser } from "./support/browser.ts";
+
+const SCREENSHOTS = Deno.env.get("CONSOLE_SCREENSHOTS");
+const LONG = 60 * SECOND;
+const SCRIPT = "<script>alert(1)</script>";
+const IMG = `"><img src=x onerror=alert(2)>`;
+
+/** Playwright's child process and sockets outlive a test's op accounting. */
+const BROWSER_TEST = { sanitizeOps: false, sanitizeResources: false } as const;
+
+interface Setup extends AsyncDisposable {
+  db: TestDatabase;
+  api: ApiProcess;
+  token: string;
+  browser: Browser;
+  admit(body: Record<string, unknown>): Promise<string>;
+  status(runId: string): Promise<string>;
+}
+
+async function setUp(tenant: string): Promise<Setup> {
+  const db = await freshDatabase();
+  const tok = await runCommand("token", [tenant], { DATABASE_URL: db.url });
+  assert.equal(tok.code, 0, tok.stderr);
+  const token = tok.stdout.trim();
+  // One attempt per run: a failing run fails at once, without a retry backoff.
+  const api = new ApiProcess({ DATABASE_URL: db.url, DEFAULT_MAX_ATTEMPTS: "1" });
+  let browser: Browser | undefined;
+  try {
+    await api.ready();
+    browser = await launchBrowser();
+  } catch (err) {
+    await api.stop();
+    await db.drop();
+    throw err;
+  }
+  const headers = { authorization: `Bearer ${token}`, "content-type": "application/json" };
+  return {
+    db,
+    api,
+    token,
+    browser,
+    async admit(body) {
+      const res = await fetch(`${api.url}/v1/runs`, {
+        method: "POST",
+        headers,
+        body: JSON.stringify(body),
+      });
+      const run = await res.json();
+      assert.equal(res.status, 201, JSON.stringify(run));
+      return run.run_id;
+    },
+    async status(runId) {
+      const res = await fetch(`${api.url}/v1/runs/${runId}`, { headers });
+      return (await res.json()).status;
+    },
+    async [Symbol.asyncDispose]() {
+      await browser?.[Symbol.asyncDispose]();
+      await api.stop();
+      await db.drop();
+    },
+  };
+}
+
+/** What a page did that it must not: requests elsewhere, CSP violations, dialogs. */
+interface Watch {
+  foreignRequests: string[];
+  cspViolations: string[];
+  dialogs: string[];
+}
+
+function watch(page: Page, origin: string): Watch {
+  const w: Watch = { foreignRequests: [], cspViolations: [], dialogs: [] };
+  page.on("request", (r) => {
+    const url = r.url();
+    if (!url.startsWith("data:") && new URL(url).origin !== origin) w.foreignRequests.push(url);
+  });
+  page.on("console", (m) => {
+    if (/Content Security Policy/i.test(m.text())) w.cspViolations.push(m.text());
+  });
+  page.on("dialog", (d) => {
+    w.dialogs.push(d.message());
+    d.dismiss().catch(() => {});
+  });
+  return w;
+}
+
+async function screenshot(page: Page, name: string) {
+  if (!SCREENSHOTS) return;
+  await Deno.mkdir(SCREENSHOTS, { recursive: true });
+  await page.screenshot({ path: `${SCREENSHOTS}/${name}.png`, fullPage: true });
+}
+
+/** Opens the console, is sent to the login page, and logs in with `token`. */
+async function logIn(page: Page, url: string, token: string, shoot = false) {
+  const res = await page.goto(`${url}/console`);
+  assert.equal(res?.headers()["content-security-policy"], CONSOLE_CSP);
+  assert.equal(res?.headers()["x-content-type-options"], "nosniff");
+  assert.equal(res?.headers()["referrer-policy"], "no-referrer");
+  await page.waitForURL("**/console/login");
+  await page.getByLabel("API token").waitFor();
+  if (shoot) await screenshot(page, "login");
+  await page.getByLabel("API token").fill(token);
+  await page.getByRole("button", { name: "Log in" }).click();
+  await page.waitForURL("**/console/runs");
+  await page.locator("#tenant").waitFor();
+}
+
+Deno.test({
+  name: "console: a person logs in, finds a run by its dispatch key, opens it and cancels it",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("acme");
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+
+    // A day's work to look at: runs a worker ran (most succeed, some fail),
+    // admitted over the last hour; then, with no worker, runs that wait.
+    const done: string[] = [];
+    for (let i = 0; i < 48; i++) {
+      done.push(
+        await s.admit(
+          i % 8 === 7
+            ? { workflow_ref: "fail", input: { times: 5, message: "upstream said no" } }
+            : { workflow_ref: "echo", input: { report: i }, goal_id: `nightly-${i % 3}` },
+        ),
+      );
+    }
+    const worker = new PoimenProcess("worker", { DATABASE_URL: s.db.url, WORKER_POLL_MS: "100" });
+    try {
+      await waitFor("the worker finished the first runs", async () => {
+        const statuses = await Promise.all(done.map((id) => s.status(id)));
+        return statuses.every((x) => x === "succeeded" || x === "failed");
+      }, LONG);
+    } finally {
+      await worker.stop();
+    }
+    // Admission times spread over the hour, so the chart has a shape (test
+    // data: when a run was admitted is not what this test is about).
+    await s.db.sql`
+      update runs set created_at = now() - (random() * interval '59 minutes')
+       where run_id = any(${done}::uuid[])`;
+    const key = `invoice-2024-${crypto.randomUUID().slice(0, 8)}`;
+    const target = await s.admit({
+      workflow_ref: "echo",
+      input: { invoice: 42, lines: [{ sku: "A-1", qty: 3 }] },
+      goal_id: "billing",
+      dispatch_key: key,
+    });
+    for (let i = 0; i < 3; i++) {
+      await s.admit({ workflow_ref: "echo", input: { i }, dispatch_key: `other-${i}` });
+    }
+
+    await logIn(page, s.api.url, s.token, true);
+    await page.locator("#runs tbody tr").first().waitFor();
+    assert.ok(await page.locator("#runs tbody tr").count() >= 50);
+    await screenshot(page, "runs");
+
+    // Find it by its dispatch key with the filter.
+    await page.getByLabel("Dispatch key").fill(key);
+    await page.getByRole("button", { name: "Filter" }).click();
+    await page.waitForURL((u) => u.searchParams.get("dispatch_key") === key);
+    await page.locator("body[data-loaded=true]").waitFor();
+    assert.equal(await page.locator("#runs tbody tr").count(), 1);
+    assert.equal(await page.locator("#runs tbody tr .dispatch-key").textContent(), key);
+
+    // Open it: its input and its timeline.
+    await page.getByRole("link", { name: target }).click();
+    await page.waitForURL(`**/console/runs/${target}`);
+    await page.locator("#run-status [data-status=queued]").waitFor();
+    assert.equal(await page.locator("#dispatch-key").textContent(), key);
+    assert.deepEqual(JSON.parse(await page.locator("#run-input").textContent() ?? ""), {
+      invoice: 42,
+      lines: [{ sku: "A-1", qty: 3 }],
+    });
+    assert.match(await page.locator("#events").textContent() ?? "", /run\.admitted/);
+    await screenshot(page, "run");
+
+    // Cancel it, and see it cancelled.
+    await page.getByRole("button", { name: "Cancel run" }).click();
+    // Either it shows cancelled, or the console says why not (and the test fails saying so).
+    await page.locator("#run-status [data-status=cancelled], #message:not([hidden])")
+      .first().waitFor({ timeout: LONG });
+    assert.equal(
+      await page.locator("#message").isVisible(),
+      false,
+      await page.locator("#message").textContent() ?? "",
+    );
+    await page.locator("#run-status [data-status=cancelled]").waitFor();
+    assert.equal(await page.getByRole("button", { name: "Cancel run" }).count(), 0);
+    assert.equal(await s.status(target), "cancelled");
+
+    // The queue at a glance: what waits, and the hour's admissions.
+    await page.getByRole("link", { name: "Queue" }).click();
+    await page.waitForURL("**/console/queue");
+    await page.locator("#queued").waitFor();
+    assert.equal(await page.locator("#queued").textContent(), "3");
+    assert.equal(await page.locator("#running").textContent(), "0");
+    assert.equal(await page.locator("#admitted-hour").textContent(), String(done.length + 4));
+    assert.equal(await page.locator("svg.chart rect.bar").count(), 60);
+    await screenshot(page, "queue");
+
+    assert.deepEqual(seen.foreignRequests, [], "no request leaves localhost");
+    assert.deepEqual(seen.cspViolations, [], "nothing the page does violates its CSP");
+    assert.deepEqual(seen.dialogs, []);
+  },
+});
+
+Deno.test({
+  name: "console: a run whose dispatch key and input are markup is shown as text",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("hostile");
+    const key = `${SCRIPT}${IMG}`;
+    const runId = await s.admit({
+      workflow_ref: "echo",
+      dispatch_key: key,
+      goal_id: IMG,
+      input: { note: SCRIPT, attr: IMG },
+    });
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+
+    const onlyOwnScript = async () => {
+      const scripts = page.locator("script");
+      assert.equal(await scripts.count(), 1, "no injected script element");
+      assert.equal(await scripts.getAttribute("src"), "/console/app.js");
+      assert.equal(await page.locator("img").count(), 0, "no injected img element");
+      assert.equal(await page.locator("iframe, object, embed, svg").count(), 0);
+    };
+
+    // The list, filtered by the hostile key (through the form, as typed).
+    await page.getByLabel("Dispatch key").fill(key);
+    await page.getByRole("button", { name: "Filter" }).click();
+    await page.waitForURL((u) => u.searchParams.get("dispatch_key") === key);
+    await page.locator("body[data-loaded=true]").waitFor();
+    const cell = page.locator("#runs tbody tr .dispatch-key");
+    assert.equal(await cell.textContent(), key);
+    assert.ok(await cell.isVisible());
+    await onlyOwnScript();
+
+    // The run page: key, goal and input as text.
+    await page.getByRole("link", { name: runId }).click();
+    await page.waitForURL(`**/console/runs/${runId}`);
+    await page.locator("#run-input").waitFor();
+    assert.equal(await page.locator("#dispatch-key").textContent(), key);
+    assert.deepEqual(JSON.parse(await page.locator("#run-input").textContent() ?? ""), {
+      note: SCRIPT,
+      attr: IMG,
+    });
+    assert.ok(await page.getByText(SCRIPT).first().isVisible());
+    await onlyOwnScript();
+
+    assert.deepEqual(seen.dialogs, [], "no dialog fired");
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});
