@@ -104,7 +104,7 @@ function watch(page: Page, origin: string): Watch {
 async function screenshot(page: Page, name: string) {
   if (!SCREENSHOTS) return;
   await Deno.mkdir(SCREENSHOTS, { recursive: true });
-  await page.screenshot({ path: `${SCREENSHOTS}/${name}.png`, fullPage: true });
+  await page.screenshot({ path: `${SCREENSHOTS}/${name}.png` });
 }
 
 /** Opens the console, is sent to the login page, and logs in with `token`. */
