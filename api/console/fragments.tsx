@@ -12,9 +12,9 @@ import { BarChart } from "./chart.tsx";
 /** The run statuses a filter offers. */
 export const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"] as const;
 
-/** A run that can still be cancelled. */
-function cancellable(status: string): boolean {
-  return status === "queued" || status === "running";
+/** A run that can still be cancelled, and whose cancel was not asked for yet. */
+function cancellable(run: Run): boolean {
+  return (run.status === "queued" || run.status === "running") && run.cancel_requested_at === null;
 }
 
 function Status({ status }: { status: string }) {
@@ -112,6 +112,9 @@ export function RunsFragment({ tenant, filter, runs, nextCursor, paged }: {
                 </td>
                 <td>
                   <Status status={r.status} />
+                  {r.status === "running" && r.cancel_requested_at !== null
+                    ? <span class="muted">cancelling</span>
+                    : ""}
                 </td>
                 <td>{`${r.workflow}@${r.workflow_version}`}</td>
                 <td class="mono dispatch-key">{r.dispatch_key ?? ""}</td>
@@ -171,6 +174,10 @@ export function RunFragment({ tenant, run, events }: {
         <dt>Admitted</dt>
         <dd>
           <When iso={run.created_at} />
+        </dd>
+        <dt>Due</dt>
+        <dd>
+          <When iso={run.run_after} />
         </dd>
         <dt>Started</dt>
         <dd>
