@@ -101,10 +101,10 @@ function watch(page: Page, origin: string): Watch {
   return w;
 }
 
-async function screenshot(page: Page, name: string) {
+async function screenshot(page: Page, name: string, fullPage = false) {
   if (!SCREENSHOTS) return;
   await Deno.mkdir(SCREENSHOTS, { recursive: true });
-  await page.screenshot({ path: `${SCREENSHOTS}/${name}.png` });
+  await page.screenshot({ path: `${SCREENSHOTS}/${name}.png`, fullPage });
 }
 
 /** Opens the console, is sent to the login page, and logs in with `token`. */
@@ -157,8 +157,11 @@ Deno.test({
       update runs set created_at = now() - (random() * interval '59 minutes')
        where run_id = any(${done}::uuid[])`;
     const key = `invoice-2024-${crypto.randomUUID().slice(0, 8)}`;
+    // Due in an hour: it waits, whatever runs workers.
+    const due = new Date(Date.now() + 3600 * SECOND);
     const target = await s.admit({
       workflow_ref: "echo",
+      run_after: due.toISOString(),
       input: { invoice: 42, lines: [{ sku: "A-1", qty: 3 }] },
       goal_id: "billing",
       dispatch_key: key,
@@ -185,12 +188,16 @@ Deno.test({
     await page.waitForURL(`**/console/runs/${target}`);
     await page.locator("#run-status [data-status=queued]").waitFor();
     assert.equal(await page.locator("#dispatch-key").textContent(), key);
+    assert.equal(
+      await page.locator("#run-due time").getAttribute("datetime"),
+      due.toISOString(),
+    );
     assert.deepEqual(JSON.parse(await page.locator("#run-input").textContent() ?? ""), {
       invoice: 42,
       lines: [{ sku: "A-1", qty: 3 }],
     });
     assert.match(await page.locator("#events").textContent() ?? "", /run\.admitted/);
-    await screenshot(page, "run");
+    await screenshot(page, "run", true);
 
     // Cancel it, and see it cancelled.
     await page.getByRole("button", { name: "Cancel run" }).click();

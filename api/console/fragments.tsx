@@ -153,7 +153,11 @@ export function RunFragment({ tenant, run, events }: {
       <dl class="facts">
         <dt>Status</dt>
         <dd id="run-status">
-          <Status status={run.status} /> {cancellable(run.status)
+          <Status status={run.status} />{" "}
+          {run.status === "running" && run.cancel_requested_at !== null
+            ? <span class="muted" id="cancel-requested">cancel requested</span>
+            : ""}
+          {cancellable(run)
             ? (
               <button class="danger" type="button" id="cancel" data-cancel={run.run_id}>
                 Cancel run
@@ -176,7 +180,7 @@ export function RunFragment({ tenant, run, events }: {
           <When iso={run.created_at} />
         </dd>
         <dt>Due</dt>
-        <dd>
+        <dd id="run-due">
           <When iso={run.run_after} />
         </dd>
         <dt>Started</dt>
