@@ -33,6 +33,11 @@ export interface KafkaAdmin {
   deleteTopics(topics: string[]): Promise<void>;
   /** The values of a topic's configuration entries (all of them, or those named). */
   topicConfig(topic: string, names?: string[]): Promise<Record<string, string>>;
+  /**
+   * `topicConfig` of each of `topics` that exists (effective values: the
+   * broker's default where the topic sets none), asked in a few requests.
+   */
+  topicConfigs(topics: string[], names?: string[]): Promise<Map<string, Record<string, string>>>;
   /** Partition count of each of `topics` that exists. */
   partitionCounts(topics: string[]): Promise<Map<string, number>>;
   /**
@@ -46,6 +51,9 @@ export interface KafkaAdmin {
   startOffsets(topics: string[]): Promise<TopicPartitionOffset[]>;
   close(): Promise<void>;
 }
+
+// Topics described per DescribeConfigs request.
+const TOPICS_PER_DESCRIBE = 100;
 
 function sortOffsets(offsets: TopicPartitionOffset[]): TopicPartitionOffset[] {
   return offsets.sort((a, b) =>
@@ -145,6 +153,27 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
       });
       const out: Record<string, string> = {};
       for (const c of described?.configs ?? []) if (c.value != null) out[c.name] = c.value;
+      return out;
+    },
+    async topicConfigs(topics, names) {
+      const out = new Map<string, Record<string, string>>();
+      // A request naming a missing topic fails as a whole: existing ones only.
+      const existing = new Set(await admin.listTopics());
+      const wanted = topics.filter((t) => existing.has(t));
+      for (let i = 0; i < wanted.length; i += TOPICS_PER_DESCRIBE) {
+        const described = await admin.describeConfigs({
+          resources: wanted.slice(i, i + TOPICS_PER_DESCRIBE).map((name) => ({
+            resourceType: ConfigResourceTypes.TOPIC,
+            resourceName: name,
+            configurationKeys: names ?? null,
+          })),
+        });
+        for (const d of described) {
+          const values: Record<string, string> = {};
+          for (const c of d.configs) if (c.value != null) values[c.name] = c.value;
+          out.set(d.resourceName, values);
+        }
+      }
       return out;
     },
     async committedOffsets(groupId, topics) {

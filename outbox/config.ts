@@ -28,6 +28,17 @@ export const outboxEnvSchema = z.object({
   /** Rows deleted per purge statement (kept small so no statement holds locks for long). */
   OUTBOX_PURGE_BATCH_SIZE: positiveInt(1000),
   /**
+   * How long finished runs (succeeded, failed, cancelled) are kept, from
+   * when they finished; then they are purged with their events. Never
+   * shorter than the dispatch topics keep messages (checked at start-up):
+   * a redelivered message must still find its run.
+   */
+  RUN_RETENTION_MS: z.coerce.number().int().min(1).default(30 * DAY),
+  /** How often finished runs are purged; 0 turns the run purge off (runs are kept forever). */
+  RUN_PURGE_INTERVAL_MS: millis(MINUTE),
+  /** Runs deleted per purge statement (small: each statement is one short transaction). */
+  RUN_PURGE_BATCH_SIZE: z.coerce.number().int().min(1).max(10_000).default(500),
+  /**
    * Longest one publish may take before it is abandoned (the producer is
    * replaced and the batch rolled back): bounds how long a claim transaction
    * stays open while the broker misbehaves.

@@ -2,6 +2,7 @@
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import type { OutboxStats } from "../db/outbox.ts";
+import type { RunPurgerHooks } from "./run_purger.ts";
 
 /** What the relay reports as it ships. */
 export interface OutboxHooks {
@@ -91,6 +92,18 @@ export function createOutboxMetrics(
     registers,
   });
 
+  const runsPurged = new client.Counter({
+    name: "poimen_outbox_runs_purged_total",
+    help: "Finished runs (with their events) this process purged after RUN_RETENTION_MS",
+    registers,
+  });
+  const runPurgeHeld = new client.Gauge({
+    name: "poimen_outbox_run_purge_held",
+    help: "1 while the run purge is held back: RUN_RETENTION_MS shorter than a dispatch " +
+      "topic keeps messages, or that retention unreadable",
+    registers,
+  });
+
   const hooks: OutboxHooks = {
     onPublished(count, seconds) {
       shipped.inc(count);
@@ -100,5 +113,19 @@ export function createOutboxMetrics(
       parkedTotal.inc(count);
     },
   };
-  return { registry, pending, oldestAge, parked, parkedTotal, shipped, publishDuration, hooks };
+  const runPurgerHooks: RunPurgerHooks = {
+    onPurged: (runs) => runsPurged.inc(runs),
+    onHeld: (held) => runPurgeHeld.set(held ? 1 : 0),
+  };
+  return {
+    registry,
+    pending,
+    oldestAge,
+    parked,
+    parkedTotal,
+    shipped,
+    publishDuration,
+    hooks,
+    runPurgerHooks,
+  };
 }

@@ -1,9 +1,9 @@
 /**
  * `main.ts outbox`: the outbox relay process. Reads its configuration, opens
- * the pool and the Kafka clients, runs an `OutboxRelay`, an `OutboxPurger`
- * and its `/metrics`, `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT)
- * until SIGTERM/SIGINT,
- * then lets the batch in flight finish and closes producer, admin and pool.
+ * the pool and the Kafka clients, runs an `OutboxRelay`, an `OutboxPurger`,
+ * a `RunPurger` (retention of finished runs) and its `/metrics`, `/healthz`
+ * and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT, then
+ * lets the batch in flight finish and closes producer, admin and pool.
  */
 import client from "prom-client";
 import { brokerList, processEnv } from "../core/config.ts";
@@ -14,12 +14,24 @@ import { createPool, ping, type Sql } from "../db/pool.ts";
 import { abortable } from "../core/health.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
+import type { KafkaClientOptions } from "../kafka/client.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
-import { outboxEnvSchema, readOutboxConfig } from "./config.ts";
+import { type OutboxConfig, outboxEnvSchema, readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
 import { OutboxRelay } from "./publisher.ts";
 import { OutboxPurger } from "./purger.ts";
+import {
+  type DispatchRetention,
+  formatDuration,
+  readDispatchRetention,
+  retentionProblem,
+  RunPurger,
+  type RunPurgerHooks,
+} from "./run_purger.ts";
+import { selectTenants } from "../db/auth.ts";
+import { ConfigError } from "../core/errors.ts";
+import { SECOND } from "../core/time.ts";
 
 // Bounded so a failing send gives the batch's transaction back within
 // seconds (the library's default for an idempotent producer is to retry
@@ -30,9 +42,11 @@ const COMMAND = {
   name: "outbox",
   synopsis: "",
   description: `
-Publishes the outbox's events to each tenant's poimen.<tenant>.events topic
-and purges published rows, until SIGTERM or SIGINT; serves /metrics, /healthz
-and /readyz on OUTBOX_METRICS_HOST:OUTBOX_METRICS_PORT.`,
+Publishes the outbox's events to each tenant's poimen.<tenant>.events topic,
+purges published rows and finished runs past RUN_RETENTION_MS (refusing a
+window shorter than the dispatch topics keep messages), until SIGTERM or
+SIGINT; serves /metrics, /healthz and /readyz on
+OUTBOX_METRICS_HOST:OUTBOX_METRICS_PORT.`,
   env: outboxEnvSchema,
 } satisfies CommandSpec;
 
@@ -85,9 +99,82 @@ export async function main(args: string[]): Promise<number> {
     batchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
     log,
   });
+  const runPurger = await createRunPurger(cfg, sql, kafkaClient, metrics.runPurgerHooks, log);
   const metricsAt = { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
-  await runUntilSignal(outboxProcess(relay, purger, sql, registry, metricsAt, log), log);
+  await runUntilSignal(
+    outboxProcess(relay, [purger, ...runPurger ? [runPurger] : []], sql, registry, metricsAt, log),
+    log,
+  );
   return 0;
+}
+
+// Reading the dispatch topics' retention gives up after this (at start-up
+// and before each purge round): a broker that does not answer holds the
+// purge, never the outbox.
+const DISPATCH_RETENTION_TIMEOUT_MS = 10 * SECOND;
+
+/**
+ * The run purger, or undefined when RUN_PURGE_INTERVAL_MS is 0. Refuses
+ * (ConfigError, exit 2) a RUN_RETENTION_MS shorter than TOPIC_RETENTION_MS
+ * or than a dispatch topic of this database's tenants keeps messages. When
+ * Postgres or the broker cannot be asked at start-up, it starts anyway: the
+ * purger asks again before every round and purges nothing until it knows.
+ */
+async function createRunPurger(
+  cfg: OutboxConfig,
+  sql: Sql,
+  kafkaClient: KafkaClientOptions,
+  hooks: RunPurgerHooks,
+  log: Logger,
+): Promise<Service | undefined> {
+  if (cfg.RUN_PURGE_INTERVAL_MS === 0) {
+    log.info("run purge off (RUN_PURGE_INTERVAL_MS=0): finished runs are kept");
+    return undefined;
+  }
+  // What the dispatch topics of tenants still to come are declared with.
+  const declared: DispatchRetention = {
+    ms: cfg.TOPIC_RETENTION_MS,
+    source: "TOPIC_RETENTION_MS",
+    detail: `TOPIC_RETENTION_MS, the retention.ms dispatch topics are declared with, is ${
+      formatDuration(cfg.TOPIC_RETENTION_MS)
+    }`,
+  };
+  const configured = retentionProblem(cfg.RUN_RETENTION_MS, declared);
+  if (configured) throw new ConfigError(configured);
+  const admin = createAdmin(kafkaClient);
+  const dispatchRetention = async () =>
+    await abortable(
+      (async () => readDispatchRetention(admin, await selectTenants(sql), declared))(),
+      AbortSignal.timeout(DISPATCH_RETENTION_TIMEOUT_MS),
+    );
+  try {
+    const problem = retentionProblem(cfg.RUN_RETENTION_MS, await dispatchRetention());
+    if (problem) {
+      await admin.close();
+      throw new ConfigError(problem);
+    }
+  } catch (error) {
+    if (error instanceof ConfigError) throw error;
+    log.warn("dispatch topics' retention unreadable at start-up; the run purge waits for it", {
+      error,
+    });
+  }
+  const purger = new RunPurger(sql, {
+    retentionMs: cfg.RUN_RETENTION_MS,
+    intervalMs: cfg.RUN_PURGE_INTERVAL_MS,
+    batchSize: cfg.RUN_PURGE_BATCH_SIZE,
+    dispatchRetention,
+    log,
+    hooks,
+  });
+  // The purger and the admin client it reads topics with, stopped together.
+  return {
+    start: () => purger.start(),
+    stop: once(async () => {
+      await purger.stop();
+      await admin.close();
+    }),
+  };
 }
 
 /**
@@ -96,7 +183,7 @@ export async function main(args: string[]): Promise<number> {
  */
 function outboxProcess(
   relay: OutboxRelay,
-  purger: OutboxPurger,
+  purgers: Service[],
   sql: Sql,
   registry: client.Registry,
   metricsAt: { hostname: string; port: number },
@@ -110,10 +197,10 @@ function outboxProcess(
         probes: { postgres: (signal) => abortable(ping(sql), signal) },
       })).server;
       await relay.start();
-      await purger.start();
+      for (const p of purgers) await p.start();
     },
     stop: once(async () => {
-      await Promise.all([relay.stop(), purger.stop()]);
+      await Promise.all([relay.stop(), ...purgers.map((p) => p.stop())]);
       await server?.shutdown();
       await sql.end({ timeout: 5 });
     }),

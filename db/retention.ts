@@ -1,0 +1,78 @@
+/**
+ * Retention of finished runs: the purge statement. Runs the outbox process's
+ * `RunPurger` deletes in small batches, each one statement (one short
+ * transaction), never touching the live queue.
+ */
+import type { Sql } from "./pool.ts";
+
+/** What one purge statement deleted. */
+export interface PurgeResult {
+  runs: number;
+  events: number;
+}
+
+// The purge statement ($1: retention in ms, $2: batch size). Sent
+// unprepared (see `purgeFinishedRuns`).
+const PURGE_FINISHED_RUNS = `
+  with doomed as (
+    select r.ctid as row_ctid, r.tenant_id, r.run_id
+      from runs r
+     where r.status in ('succeeded', 'failed', 'cancelled')
+       and r.finished_at < now() - $1::float8 * interval '1 millisecond'
+       and (select 1 from work_events e
+             where e.tenant_id = r.tenant_id and e.run_id = r.run_id
+               and coalesce(e.published_at, e.parked_at) is null
+             limit 1) is null
+     order by r.finished_at
+     limit $2::int
+     for update of r skip locked
+  ),
+  events as (
+    delete from work_events
+     where ctid = any (array(
+             select e.ctid from doomed d
+              cross join lateral (
+                    select w.ctid from work_events w
+                     where w.tenant_id = d.tenant_id and w.run_id = d.run_id) e))
+    returning 1
+  ),
+  gone as (
+    delete from runs where ctid = any (array(select row_ctid from doomed))
+    returning 1
+  )
+  select (select count(*) from gone)::int as runs, (select count(*) from events)::int as events`;
+
+/**
+ * Deletes up to `limit` runs that finished (`succeeded`, `failed`,
+ * `cancelled`) more than `retentionMs` ago, oldest first, with all their
+ * `work_events`. A run with an event still to ship (unpublished and not
+ * parked) is kept until the outbox shipped it: an event is never dropped
+ * unpublished. Parked events go with their run (an operator had the whole
+ * retention to un-park them). Rows another purger holds are skipped (`FOR
+ * UPDATE SKIP LOCKED`), so purgers never queue behind each other, and no
+ * lock is taken on a queued or running run.
+ *
+ * The candidates come from one range of `runs_finished_idx` (no other index
+ * holds finished runs in finish order); each one's pending events are probed
+ * by the primary key of `work_events` (the pending test is written as
+ * `coalesce(…) is null`, which the pending index's predicate cannot match,
+ * so that index, led by the event id, is never picked for a per-run probe);
+ * and both deletes find their rows by `ctid`, stable because the candidates
+ * are locked by this statement and a finished run's events change no more.
+ *
+ * Sent unprepared, so planned afresh on every call: a TID scan costs more
+ * than a sequential scan of a table of a few pages, and a prepared
+ * statement would keep the plan it got on a young table (sequential scans
+ * of both) as the tables grew. Planning a maintenance statement once a
+ * batch costs nothing worth saving.
+ */
+export async function purgeFinishedRuns(
+  sql: Sql,
+  retentionMs: number,
+  limit: number,
+): Promise<PurgeResult> {
+  const [row] = await sql.unsafe<PurgeResult[]>(PURGE_FINISHED_RUNS, [retentionMs, limit], {
+    prepare: false,
+  });
+  return row;
+}
