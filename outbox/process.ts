@@ -108,10 +108,11 @@ export async function main(args: string[]): Promise<number> {
   return 0;
 }
 
-// Reading the dispatch topics' retention gives up after this (at start-up
-// and before each purge round): a broker that does not answer holds the
-// purge, never the outbox.
+// Reading the dispatch topics' retention gives up after this before a purge
+// round, and sooner at start-up (the health endpoint is not served yet): a
+// broker or database that does not answer holds the purge, never the outbox.
 const DISPATCH_RETENTION_TIMEOUT_MS = 10 * SECOND;
+const STARTUP_DISPATCH_RETENTION_TIMEOUT_MS = 5 * SECOND;
 
 /**
  * The run purger, or undefined when RUN_PURGE_INTERVAL_MS is 0. Refuses
@@ -142,13 +143,16 @@ async function createRunPurger(
   const configured = retentionProblem(cfg.RUN_RETENTION_MS, declared);
   if (configured) throw new ConfigError(configured);
   const admin = createAdmin(kafkaClient);
-  const dispatchRetention = async () =>
+  const dispatchRetention = async (timeoutMs = DISPATCH_RETENTION_TIMEOUT_MS) =>
     await abortable(
       (async () => readDispatchRetention(admin, await selectTenants(sql), declared))(),
-      AbortSignal.timeout(DISPATCH_RETENTION_TIMEOUT_MS),
+      AbortSignal.timeout(timeoutMs),
     );
   try {
-    const problem = retentionProblem(cfg.RUN_RETENTION_MS, await dispatchRetention());
+    const problem = retentionProblem(
+      cfg.RUN_RETENTION_MS,
+      await dispatchRetention(STARTUP_DISPATCH_RETENTION_TIMEOUT_MS),
+    );
     if (problem) {
       await admin.close();
       throw new ConfigError(problem);
@@ -163,7 +167,7 @@ async function createRunPurger(
     retentionMs: cfg.RUN_RETENTION_MS,
     intervalMs: cfg.RUN_PURGE_INTERVAL_MS,
     batchSize: cfg.RUN_PURGE_BATCH_SIZE,
-    dispatchRetention,
+    dispatchRetention: () => dispatchRetention(),
     log,
     hooks,
   });
