@@ -224,7 +224,10 @@ dispatchTest(
         select source, tenant_id from runs where dispatch_key = ${key}`;
       assert.equal(rows.length, 1);
       assert.equal(rows[0].tenant_id, tenant);
-      assert.equal(rows[0].source, `kafka:${first.topic}/${first.partition}/${first.offset}`);
+      // The relay posts a partition's messages concurrently: either copy may
+      // be the one that made the run.
+      const at = (r: DispatchReceipt) => `kafka:${r.topic}/${r.partition}/${r.offset}`;
+      assert.ok([at(first), at(second)].includes(rows[0].source), rows[0].source);
       failed = false;
     } finally {
       if (failed && relay) console.error(relay.logs().slice(-40).join("\n"));
