@@ -315,7 +315,7 @@ export class InboxRelay implements Service {
 
   #gauges(): void {
     const { metrics } = this.#deps;
-    metrics.inFlight.set(this.#pending);
+    metrics.pending.set(this.#pending);
     metrics.pendingBytes.set(this.#pendingBytes);
     metrics.pausedPartitions.set(this.#paused);
   }

@@ -46,8 +46,8 @@ export function createRelayMetrics(registry: client.Registry) {
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
       registers,
     }),
-    inFlight: new client.Gauge({
-      name: "poimen_inbox_in_flight",
+    pending: new client.Gauge({
+      name: "poimen_inbox_pending_messages",
       help: "Dispatch messages fetched and not yet done",
       registers,
     }),
