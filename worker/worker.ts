@@ -321,7 +321,13 @@ export class Worker implements Service {
           await sub.unlisten().catch(() => {});
           throw err;
         });
-      const unlistenBoth = () => Promise.all([sub.unlisten(), cancels.unlisten()]);
+      // Both settle before stop() returns, even when one fails: a stopped
+      // worker must not have a statement of its own still on the wire.
+      const unlistenBoth = async () => {
+        const results = await Promise.allSettled([sub.unlisten(), cancels.unlisten()]);
+        const failed = results.find((r) => r.status === "rejected");
+        if (failed) throw (failed as PromiseRejectedResult).reason;
+      };
       this.#unlisten = own
         ? async () => {
           await unlistenBoth();
