@@ -4,6 +4,7 @@ import { processEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { once, runUntilSignal } from "../core/lifecycle.ts";
 import { createPool } from "../db/pool.ts";
+import { guardDriverFaults } from "../db/driver_guard.ts";
 import { QUEUE_CHANNEL } from "../db/queue.ts";
 import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
@@ -36,6 +37,7 @@ export async function main(args: string[]): Promise<number> {
     applicationName: "poimen-api",
   });
   const metrics = createApiMetrics(new client.Registry());
+  guardDriverFaults(log, metrics.registry);
   // One NOTIFY after admissions commit wakes both the workers (runs queued)
   // and the outbox relay (their run.admitted events are pending).
   const waker = new Waker(

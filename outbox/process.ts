@@ -11,6 +11,7 @@ import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { outboxStats } from "../db/outbox.ts";
 import { createPool, ping, type Sql } from "../db/pool.ts";
+import { guardDriverFaults } from "../db/driver_guard.ts";
 import { abortable } from "../core/health.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
@@ -68,6 +69,7 @@ export async function main(args: string[]): Promise<number> {
     logger: log,
   };
   const registry = new client.Registry();
+  guardDriverFaults(log, registry);
   const metrics = createOutboxMetrics(registry, () => outboxStats(sql), log);
   const relay = new OutboxRelay(sql, {
     createProducer: () => createProducer({ ...kafkaClient, retries: PRODUCER_RETRIES }),

@@ -12,6 +12,7 @@ import { createLogger, type Logger } from "../core/log.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
 import { abortable } from "../core/health.ts";
 import { createPool, ping, type Sql } from "../db/pool.ts";
+import { guardDriverFaults } from "../db/driver_guard.ts";
 import { queueStats } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
@@ -42,6 +43,7 @@ export async function main(args: string[]): Promise<number> {
     applicationName: `poimen-worker ${id}`.slice(0, 63),
   });
   const registry = new client.Registry();
+  guardDriverFaults(log, registry);
   const metrics = createWorkerMetrics(
     registry,
     () => queueStats(sql),

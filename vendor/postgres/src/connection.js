@@ -157,6 +157,12 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
     if (terminated)
       return queryError(q, Errors.connection('CONNECTION_DESTROYED', options))
 
+    // poimen patch: a statement sent to a connection whose socket has closed
+    // (a transaction's next statement, the array-types query after a kill)
+    // fails at once instead of scheduling a write to no socket.
+    if (!socket)
+      return queryError(q, Errors.connection('CONNECTION_CLOSED', options))
+
     if (stream)
       return queryError(q, Errors.generic('COPY_IN_PROGRESS', 'You cannot execute queries during copy'))
 
@@ -252,6 +258,11 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
   }
 
   function nextWrite(fn) {
+    // poimen patch: the socket closed after this write was scheduled; the
+    // close has settled (or will retry) every query, so drop the bytes
+    // rather than throw from a timer callback.
+    if (!socket)
+      return (nextWriteTimer !== null && clearImmediate(nextWriteTimer), chunk = nextWriteTimer = null, false)
     const x = socket.write(chunk, fn)
     nextWriteTimer !== null && clearImmediate(nextWriteTimer)
     chunk = nextWriteTimer = null
@@ -425,6 +436,7 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
       error(Errors.connection('CONNECTION_DESTROYED', options))
 
     clearImmediate(nextWriteTimer)
+    nextWriteTimer = null // poimen patch: else no later write is ever flushed
     if (socket) {
       socket.removeListener('data', data)
       socket.removeListener('connect', connected)
@@ -438,6 +450,10 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
     remaining = 0
     incomings = null
     clearImmediate(nextWriteTimer)
+    // poimen patch: a write scheduled for the dead socket must not be
+    // prepended to the next session's startup message, and a timer left
+    // non-null would stop every later write from being flushed.
+    chunk = nextWriteTimer = null
     socket.removeListener('data', data)
     socket.removeListener('connect', connected)
     idleTimer.cancel()
@@ -447,14 +463,35 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
     socket.removeAllListeners()
     socket = null
 
-    if (initial)
+    if (initial) {
+      // poimen patch: the session died while starting up (e.g. during the
+      // array-types query): settle what it was running, forget its error,
+      // and start over for `initial`, which is still owed an answer.
+      const err = Errors.connection('CONNECTION_CLOSED', options)
+      query && query !== initial && queryError(query, err)
+      while (sent.length)
+        queryError(sent.shift(), err)
+      forgetSession()
       return reconnect()
+    }
 
-    !hadError && (query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))
+    // poimen patch: settle even after an 'error' event (hadError): a
+    // statement may have been sent in between, and left in `sent` it would
+    // be taken for the answer to the next session's query.
+    ;(query || sent.length) && error(Errors.connection('CONNECTION_CLOSED', options, socket))
+    forgetSession()
     closedTime = performance.now()
     hadError && options.shared.retries++
     delay = (typeof backoff === 'function' ? backoff(options.shared.retries) : backoff) * 1000
     onclose(connection, Errors.connection('CONNECTION_CLOSED', options, socket))
+  }
+
+  // poimen patch: a closed session's in-flight query and error response must
+  // not be replayed onto the first query of the next session.
+  function forgetSession() {
+    query = results = errorResponse = null
+    result = new Result()
+    rows = 0
   }
 
   /* Handlers */
@@ -561,7 +598,10 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
 
       if (needsTypes) {
         initial.reserve && (initial = null)
-        return fetchArrayTypes()
+        // poimen patch: its failure is the session's (the query in flight
+        // and `initial` are settled by the close or the error response);
+        // left unhandled it killed the process.
+        return fetchArrayTypes().catch(noop)
       }
 
       initial && !initial.reserve && execute(initial)

@@ -237,12 +237,13 @@ function Postgres(a, b) {
     let savepoints = 0
       , connection
       , prepare = null
+      , closed = null
 
     try {
       await sql.unsafe('begin ' + options.replace(/[^a-z ]/ig, ''), [], { onexecute }).execute()
       return await Promise.race([
         scope(connection, fn),
-        new Promise((_, reject) => connection.onclose = reject)
+        new Promise((_, reject) => connection.onclose = (e) => (closed = e, reject(e)))
       ])
     } catch (error) {
       throw error
@@ -290,6 +291,11 @@ function Postgres(a, b) {
 
       function handler(q) {
         q.catch(e => uncaughtError || (uncaughtError = e))
+        // poimen patch: once the transaction's connection has closed, the pool
+        // may already have reconnected it for someone else; a statement of
+        // this transaction (or its rollback) must not run there, outside it.
+        if (closed)
+          return q.reject(closed)
         c.queue === full
           ? queries.push(q)
           : c.execute(q) || move(c, full)
