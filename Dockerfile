@@ -16,8 +16,6 @@ USER deno
 # Dependencies first: this layer is rebuilt only when deno.json or
 # deno.lock change, not on every code edit. --frozen: the lockfile is the truth.
 COPY deno.json deno.lock ./
-# The patched Postgres driver that deno.json "links" in place of the registry's.
-COPY vendor/ vendor/
 RUN deno install --frozen
 
 COPY . .

@@ -1,8 +1,8 @@
-import net from 'net'
-import tls from 'tls'
-import crypto from 'crypto'
-import Stream from 'stream'
-import { performance } from 'perf_hooks'
+import net from 'node:net'
+import tls from 'node:tls'
+import crypto from 'node:crypto'
+import Stream from 'node:stream'
+import { performance } from 'node:perf_hooks'
 
 import { stringify, handleValue, arrayParser, arraySerializer } from './types.js'
 import { Errors } from './errors.js'

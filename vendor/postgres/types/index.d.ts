@@ -732,4 +732,4 @@ declare namespace postgres {
   }
 }
 
-export = postgres;
+export default postgres; // poimen patch: was `export =`, for an ES module import of the vendored source
