@@ -536,7 +536,9 @@ export class InboxRelay implements Service {
       tracestate: m.headers.tracestate,
     };
     const cancelled = this.#hardStop.signal;
-    const waitCancelled = AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
+    // Made at the first retry only: AbortSignal.any costs a WeakRef and a
+    // finalizer, for every message if made up front.
+    let waitCancelled: AbortSignal | undefined;
     let firstFailure: Date | undefined;
     let firstUnknownWorkflow: number | undefined;
     for (let attempt = 1;; attempt++) {
@@ -609,6 +611,7 @@ export class InboxRelay implements Service {
       } else {
         this.#log.debug("admission failed, retrying", fields);
       }
+      waitCancelled ??= AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
       await delay(wait, waitCancelled);
       if (this.#stopping.signal.aborted || job.evicted) return "abandoned";
     }
