@@ -24,7 +24,7 @@ import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { dispatchTopic } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
-import { cpuSeconds, loadAvg, peakRssMb } from "./tools.ts";
+import { cpuSeconds, loadAvg, peakRssMb, sh } from "./tools.ts";
 
 const { values: args } = parseArgs({
   args: Deno.args,
@@ -34,6 +34,7 @@ const { values: args } = parseArgs({
     other: { type: "string" },
     live: { type: "boolean", default: false },
     outbox: { type: "boolean", default: false },
+    http: { type: "boolean", default: false },
     "log-level": { type: "string", default: "info" },
   },
 });
@@ -186,6 +187,30 @@ async function drainRound(round: number, v: { name: string; root: string }) {
   };
 }
 
+/** Direct HTTP admission, new keys, 64 connections from wrk, 8 s: the rate the relay is held to. */
+async function httpRound(round: number) {
+  const tenant = `rb-${STAMP}-${round}-http`;
+  await insertTenant(sql, tenant);
+  const t = newToken();
+  await insertToken(sql, await hashToken(t), { kind: "tenant", tenant_id: tenant, name: tenant });
+  const out = await sh("wrk", [
+    "-t2",
+    "-c64",
+    "-d8s",
+    "--timeout",
+    "10s",
+    "-s",
+    `${PROJECT_ROOT}bench/wrk/admit.lua`,
+    `http://127.0.0.1:${port}`,
+  ], {
+    env: { ...Deno.env.toObject(), BENCH_TOKEN: t, BENCH_MODE: "new", BENCH_PREFIX: tenant },
+  });
+  const line = out.stdout.split("\n").find((l) => l.startsWith("WRKJSON "));
+  if (!line) throw new Error(`wrk printed no summary:\n${out.stdout}\n${out.stderr}`);
+  const r = JSON.parse(line.slice(8)) as { requests: number; duration_us: number; non2xx: number };
+  return (r.requests - r.non2xx) / (r.duration_us / 1e6);
+}
+
 async function liveRound(round: number, v: { name: string; root: string }) {
   const tenant = `rb-${STAMP}-${round}-${v.name}-live`;
   await insertTenant(sql, tenant);
@@ -248,15 +273,22 @@ try {
     `load ${loadAvg()}; ${N} messages, ${ROUNDS} round(s), variants ${variants.map((v) => v.name)}`,
   );
   const results = [];
+  const direct = new Map<number, number>();
   for (let r = 1; r <= ROUNDS; r++) {
     const order = r % 2 === 1 ? variants : [...variants].reverse();
+    if (args.http) {
+      direct.set(r, await httpRound(r));
+      log(`direct HTTP r${r}: ${direct.get(r)!.toFixed(0)}/s (wrk, 64 connections, new keys)`);
+    }
     for (const v of order) {
       const res = await drainRound(r, v);
       results.push(res);
       log(
         `drain ${v.name} r${r}: ${res.rate.toFixed(0)}/s (created_at span), ${
           res.wallRate.toFixed(0)
-        }/s wall, ${res.cores.toFixed(2)} cores, peak RSS ${
+        }/s wall, ${res.cores.toFixed(2)} cores (${
+          (res.cores / res.wallRate * 1e6).toFixed(0)
+        } µs per message), peak RSS ${
           res.rss.toFixed(0)
         } MB, pauses ${res.pauses}, subscribes ${res.subs} (${res.logFile})`,
       );
@@ -270,6 +302,11 @@ try {
           } ms, peak RSS ${res.rss.toFixed(0)} MB`,
         );
       }
+    }
+  }
+  for (const [r, rate] of direct) {
+    for (const res of results.filter((x) => x.round === r)) {
+      log(`round ${r}: ${res.variant} ÷ direct HTTP = ${(res.rate / rate).toFixed(2)}`);
     }
   }
   if (variants.length === 2) {
