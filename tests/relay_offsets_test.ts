@@ -456,6 +456,40 @@ Deno.test("relay outcomes: the client classifies real HTTP answers", async () =>
   assert.equal(gone.kind === "transient" && gone.reason, "network");
 });
 
+Deno.test({
+  name:
+    "relay API client: no answer within the timeout is a transient timeout; a shutdown abort, during or before the call, is not",
+  sanitizeOps: true,
+  sanitizeResources: true,
+  async fn() {
+    const release = Promise.withResolvers<void>();
+    const server = Deno.serve(
+      { hostname: "127.0.0.1", port: 0, onListen() {} },
+      async () => {
+        await release.promise;
+        return new Response(null, { status: 201 });
+      },
+    );
+    const base = `http://127.0.0.1:${server.addr.port}`;
+    const req = { tenant: "acme", body: new Uint8Array([123, 125]), source: "s" };
+    try {
+      const slow = await new ApiClient({ apiUrl: base, token: "t", timeoutMs: 100 }).admit(req);
+      assert.equal(slow.kind === "transient" && slow.reason, "timeout");
+      const stop = new AbortController();
+      const client = new ApiClient({ apiUrl: base, token: "t", timeoutMs: 60_000 });
+      const call = client.admit(req, stop.signal);
+      stop.abort();
+      const stopped = await call;
+      assert.equal(stopped.kind === "transient" && stopped.reason, "network");
+      const already = await client.admit(req, stop.signal);
+      assert.equal(already.kind === "transient" && already.reason, "network");
+    } finally {
+      release.resolve();
+      await server.shutdown();
+    }
+  },
+});
+
 Deno.test("relay dead letters: original key, value and headers plus the why and where", () => {
   const message: ConsumedMessage = {
     topic: "poimen.acme.dispatch",
