@@ -6,9 +6,8 @@
  * nothing with publishing but the pool, so it runs beside the publisher
  * rather than inside its loop.
  */
-import { once, type Service } from "../core/lifecycle.ts";
+import { MaintenanceService } from "../core/maintenance.ts";
 import type { Logger } from "../core/log.ts";
-import { delay } from "../core/time.ts";
 import { purgePublished } from "../db/outbox.ts";
 import type { Sql } from "../db/pool.ts";
 
@@ -26,53 +25,37 @@ export interface OutboxPurgerOptions {
 // One purge round deletes at most this many batches, then yields to the next interval.
 const MAX_PURGE_BATCHES = 100;
 
-/** Deletes published events past retention until stopped. */
-export class OutboxPurger implements Service {
+/** Deletes published events past retention until stopped; the first round at once. */
+export class OutboxPurger extends MaintenanceService {
   readonly #sql: Sql;
   readonly #opts: OutboxPurgerOptions;
-  readonly #abort = new AbortController();
-  #loop: Promise<void> = Promise.resolve();
-  #started = false;
+  #failing = false;
 
   constructor(sql: Sql, opts: OutboxPurgerOptions) {
+    super("outbox purger", opts.log);
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  /** Starts purging in the background, the first round at once; never waits on Postgres. */
-  start(): Promise<void> {
-    if (this.#started) throw new Error("outbox purger already started");
-    this.#started = true;
-    this.#loop = this.#run();
-    return Promise.resolve();
+  protected nextWaitMs(first: boolean): number {
+    return first ? 0 : this.#opts.intervalMs;
   }
 
-  /** Stops after the statement in flight. Safe to call twice. */
-  readonly stop: () => Promise<void> = once(async () => {
-    this.#abort.abort();
-    await this.#loop;
-  });
-
-  async #run(): Promise<void> {
-    const signal = this.#abort.signal;
-    const { retentionMs, batchSize, intervalMs, log } = this.#opts;
-    let failing = false;
-    while (!signal.aborted) {
-      try {
-        let total = 0;
-        for (let i = 0; i < MAX_PURGE_BATCHES && !signal.aborted; i++) {
-          const n = await purgePublished(this.#sql, retentionMs, batchSize);
-          total += n;
-          if (n < batchSize) break;
-        }
-        if (total > 0) log.info("purged published events", { count: total });
-        if (failing) log.info("purge works again");
-        failing = false;
-      } catch (error) {
-        if (!failing) log.warn("purge failed; retrying next interval", { error });
-        failing = true;
+  protected async round(signal: AbortSignal): Promise<void> {
+    const { retentionMs, batchSize, log } = this.#opts;
+    try {
+      let total = 0;
+      for (let i = 0; i < MAX_PURGE_BATCHES && !signal.aborted; i++) {
+        const n = await purgePublished(this.#sql, retentionMs, batchSize);
+        total += n;
+        if (n < batchSize) break;
       }
-      await delay(intervalMs, signal);
+      if (total > 0) log.info("purged published events", { count: total });
+      if (this.#failing) log.info("purge works again");
+      this.#failing = false;
+    } catch (error) {
+      if (!this.#failing) log.warn("purge failed; retrying next interval", { error });
+      this.#failing = true;
     }
   }
 }

@@ -22,9 +22,9 @@
  * Postgres and Kafka (the worker never talks to Kafka), and deleting a run's
  * events is safe only once the outbox shipped them.
  */
-import { once, type Service } from "../core/lifecycle.ts";
+import { MaintenanceService } from "../core/maintenance.ts";
 import type { Logger } from "../core/log.ts";
-import { DAY, delay } from "../core/time.ts";
+import { DAY } from "../core/time.ts";
 import { dispatchTopic } from "../contracts/topics.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
@@ -130,45 +130,25 @@ export interface RunPurgerOptions {
 const MAX_BATCHES_PER_ROUND = 100;
 
 /** Deletes finished runs past retention until stopped; see the module comment. */
-export class RunPurger implements Service {
+export class RunPurger extends MaintenanceService {
   readonly #sql: Sql;
   readonly #opts: RunPurgerOptions;
-  readonly #abort = new AbortController();
-  #loop: Promise<void> = Promise.resolve();
-  #started = false;
   // What the last round logged, so a lasting state is logged once.
   #held: string | undefined;
   #failing = false;
 
   constructor(sql: Sql, opts: RunPurgerOptions) {
+    super("run purger", opts.log);
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  /** Starts purging in the background, the first round at once; never waits on Postgres or Kafka. */
-  start(): Promise<void> {
-    if (this.#started) throw new Error("run purger already started");
-    this.#started = true;
-    this.#loop = this.#run();
-    return Promise.resolve();
-  }
-
-  /** Stops after the statement in flight. Safe to call twice. */
-  readonly stop: () => Promise<void> = once(async () => {
-    this.#abort.abort();
-    await this.#loop;
-  });
-
-  async #run(): Promise<void> {
-    const signal = this.#abort.signal;
-    while (!signal.aborted) {
-      await this.#round(signal);
-      await delay(this.#opts.intervalMs, signal);
-    }
+  protected nextWaitMs(first: boolean): number {
+    return first ? 0 : this.#opts.intervalMs;
   }
 
   /** One round: check the window, then purge batch after batch. */
-  async #round(signal: AbortSignal): Promise<void> {
+  protected async round(signal: AbortSignal): Promise<void> {
     const { retentionMs, batchSize, log, hooks } = this.#opts;
     let dispatch: DispatchRetention;
     try {

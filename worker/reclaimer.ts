@@ -6,8 +6,8 @@
  * any one of them; `reclaimExpired` skips rows another reclaimer holds.
  */
 import type { Logger } from "../core/log.ts";
-import { once, type Service } from "../core/lifecycle.ts";
-import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
+import { MaintenanceService } from "../core/maintenance.ts";
+import { backoffWithJitter, SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import { type ReclaimedRun, reclaimExpired } from "../db/queue.ts";
 
@@ -26,49 +26,33 @@ const RECLAIM_BATCH = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
 
 /** Returns expired-lease runs to the queue every `intervalMs` until stopped. */
-export class Reclaimer implements Service {
+export class Reclaimer extends MaintenanceService {
   readonly #sql: Sql;
   readonly #opts: ReclaimerOptions;
-  readonly #stopping = new AbortController();
-  #loop: Promise<void> = Promise.resolve();
-  #started = false;
+  #failures = 0;
 
   constructor(sql: Sql, opts: ReclaimerOptions) {
+    super("reclaimer", opts.log);
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  /** Starts looking in the background; the first look is one interval away. */
-  start(): Promise<void> {
-    if (this.#started) throw new Error("reclaimer already started");
-    if (this.#stopping.signal.aborted) throw new Error("reclaimer stopped");
-    this.#started = true;
-    this.#loop = this.#run();
-    return Promise.resolve();
+  // The first look is one interval away, like every other: jitter keeps a
+  // fleet started together from reclaiming in lockstep, and a failing round
+  // waits longer each time.
+  protected nextWaitMs(): number {
+    const wait = this.#opts.intervalMs * (0.75 + Math.random() / 2);
+    return this.#failures ? backoffWithJitter(this.#failures, wait, DB_RETRY_CAP_MS) : wait;
   }
 
-  /** Stops looking; a round in progress finishes first. Safe to call twice. */
-  readonly stop: () => Promise<void> = once(async () => {
-    this.#stopping.abort();
-    await this.#loop;
-  });
-
-  async #run(): Promise<void> {
-    const signal = this.#stopping.signal;
-    let failures = 0;
-    while (!signal.aborted) {
-      // Jitter keeps a fleet started together from reclaiming in lockstep.
-      const wait = this.#opts.intervalMs * (0.75 + Math.random() / 2);
-      await delay(failures ? backoffWithJitter(failures, wait, DB_RETRY_CAP_MS) : wait, signal);
-      if (signal.aborted) return;
-      try {
-        const all = await this.#reclaimAll();
-        failures = 0;
-        if (all.length > 0) this.#opts.onReclaimed?.(all);
-      } catch (err) {
-        failures++;
-        this.#opts.log.warn("reclaim failed", { error: err, failures });
-      }
+  protected async round(): Promise<void> {
+    try {
+      const all = await this.#reclaimAll();
+      this.#failures = 0;
+      if (all.length > 0) this.#opts.onReclaimed?.(all);
+    } catch (err) {
+      this.#failures++;
+      this.#opts.log.warn("reclaim failed", { error: err, failures: this.#failures });
     }
   }
 
