@@ -1,5 +1,6 @@
 /** The runs resource: admission, one run, and a tenant's runs with keyset pagination. */
 import { Hono, type MiddlewareHandler } from "hono";
+import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
@@ -75,6 +76,28 @@ export function toRunEvent(row: RunEventRow): RunEvent {
     published_at: iso(row.published_at),
     parked_at: iso(row.parked_at),
   };
+}
+
+/**
+ * One page of a tenant's runs, newest first, by keyset: one row more than
+ * asked tells whether there is a next page. Shared by `GET /v1/runs` and
+ * the console.
+ */
+export async function listRunsPage(
+  sql: Sql,
+  tenant: string,
+  q: z.infer<typeof ListRunsQuery>,
+): Promise<{ runs: Run[]; next_cursor: string | null }> {
+  const rows = await selectRuns(sql, tenant, {
+    goalId: q.goal_id,
+    dispatchKey: q.dispatch_key,
+    status: q.status,
+    before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
+    limit: q.limit + 1,
+  });
+  const page = rows.slice(0, q.limit);
+  const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
+  return { runs: page.map(toRun), next_cursor: next };
 }
 
 /** The cursor is opaque to clients: base64url of the last run id of a page. */
@@ -193,16 +216,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
 
   app.get("/", async (c) => {
     const q = parseQuery(c, ListRunsQuery);
-    const rows = await selectRuns(sql, c.get("principal").tenantId, {
-      goalId: q.goal_id,
-      dispatchKey: q.dispatch_key,
-      status: q.status,
-      before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
-      limit: q.limit + 1,
-    });
-    const page = rows.slice(0, q.limit);
-    const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
-    return c.json({ runs: page.map(toRun), next_cursor: next });
+    return c.json(await listRunsPage(sql, c.get("principal").tenantId, q));
   });
 
   return app;

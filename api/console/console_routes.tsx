@@ -12,12 +12,12 @@ import { PoimenError } from "../../core/errors.ts";
 import { UUID_PATTERN, uuidv7Floor } from "../../core/uuid.ts";
 import { HEADERS, ListRunsQuery } from "../../contracts/runs.ts";
 import type { Sql } from "../../db/pool.ts";
-import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
+import { selectRun, selectRunEvents } from "../../db/runs.ts";
 import { selectAdmissionsPerMinute, selectTenantQueue } from "../../db/queue_overview.ts";
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
 import { parseQuery } from "../request.ts";
-import { decodeCursor, encodeCursor, MAX_RUN_EVENTS, toRun, toRunEvent } from "../runs.ts";
+import { listRunsPage, MAX_RUN_EVENTS, toRun, toRunEvent } from "../runs.ts";
 import type { ConsoleAssets } from "./assets.ts";
 import { QueueFragment, RunFragment, RunsFragment } from "./fragments.tsx";
 import { loginShell, renderShell } from "./pages.tsx";
@@ -114,15 +114,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
   app.get("/fragments/runs", async (c) => {
     const q = parseQuery(c, ConsoleRunsQuery);
     const tenant = c.get("principal").tenantId;
-    const rows = await selectRuns(sql, tenant, {
-      goalId: q.goal_id,
-      dispatchKey: q.dispatch_key,
-      status: q.status,
-      before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
-      limit: q.limit + 1,
-    });
-    const page = rows.slice(0, q.limit);
-    const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
+    const { runs, next_cursor: next } = await listRunsPage(sql, tenant, q);
     return c.html(
       <RunsFragment
         tenant={tenant}
@@ -132,7 +124,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
           dispatch_key: q.dispatch_key,
           limit: c.req.query("limit") ? q.limit : undefined,
         }}
-        runs={page.map(toRun)}
+        runs={runs}
         nextCursor={next}
         paged={q.cursor !== undefined}
       />,
