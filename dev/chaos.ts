@@ -84,7 +84,7 @@ async function main(argv: string[]): Promise<number> {
     pgRestart: flags["pg-restart"] ?? false,
     keep: flags.keep ?? false,
     drainSeconds: quick ? 90 : 240,
-    stallSeconds: quick ? 25 : 60,
+    stallSeconds: quick ? 45 : 60,
     databaseUrl: DATABASE_URL,
   });
 }

@@ -45,6 +45,11 @@ export interface KafkaAdmin {
    * it has committed on (restricted to `topics` when given), sorted.
    */
   committedOffsets(groupId: string, topics?: string[]): Promise<TopicPartitionOffset[]>;
+  /**
+   * The group's state as its coordinator reports it ("Stable",
+   * "PreparingRebalance", "Empty", "Dead" …) and how many members it has.
+   */
+  groupState(groupId: string): Promise<{ state: string; members: number }>;
   /** End (high-water) offset of every partition of `topics` (the next message's offset), sorted. */
   endOffsets(topics: string[]): Promise<TopicPartitionOffset[]>;
   /** Earliest offset still held (after retention) of every partition of `topics`, sorted. */
@@ -175,6 +180,10 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
         }
       }
       return out;
+    },
+    async groupState(groupId) {
+      const group = (await admin.describeGroups({ groups: [groupId] })).get(groupId);
+      return { state: String(group?.state ?? "Dead"), members: group?.members.size ?? 0 };
     },
     async committedOffsets(groupId, topics) {
       const groups = await admin.listConsumerGroupOffsets({ groups: [groupId] });

@@ -33,7 +33,8 @@ export interface TopicPartitionOffset {
   offset: bigint;
 }
 
-const DEFAULT_REQUEST_TIMEOUT = 10 * SECOND;
+/** Timeout of one request when `requestTimeoutMs` is not given. */
+export const DEFAULT_REQUEST_TIMEOUT = 10 * SECOND;
 const DEFAULT_CONNECT_TIMEOUT = 5 * SECOND;
 export const RETRY_BASE = 100;
 export const RETRY_CAP = 5 * SECOND;

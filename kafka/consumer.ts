@@ -17,6 +17,7 @@ import { type Logger, silentLogger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
 import {
   baseOptions,
+  DEFAULT_REQUEST_TIMEOUT,
   identityBuffer,
   type KafkaClientOptions,
   partitionKey,
@@ -73,6 +74,11 @@ export interface ConsumerOptions extends KafkaClientOptions {
   sessionTimeoutMs?: number;
   /** Heartbeat interval in ms (default 3 s). */
   heartbeatIntervalMs?: number;
+  /**
+   * How long the coordinator waits for the members to rejoin during a
+   * rebalance, in ms (default: the session timeout). A join can take that long.
+   */
+  rebalanceTimeoutMs?: number;
   /** Longest a fetch waits on the broker for data, in ms (default 500). */
   maxWaitMs?: number;
 }
@@ -114,6 +120,11 @@ export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
   onRevoked(listener: (partitions: TopicPartition[]) => void): void;
   /** The partitions the group last assigned to this member; undefined until it first joined. */
   readonly assignment: readonly TopicPartition[] | undefined;
+  /**
+   * How many times this member joined the group (each join is a rebalance,
+   * which stops every member of the group for its duration).
+   */
+  readonly joins: number;
   /** Replaces a list selection (a no-op change is free); the group rebalances. */
   subscribe(topics: string[]): void;
   /** The topics currently subscribed. */
@@ -122,6 +133,36 @@ export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
   close(): Promise<void>;
 }
 type RawMessage = Message<string, Buffer, string, string>;
+
+// How long a stream gets to end once asked to; then it is destroyed.
+const STREAM_CLOSE_TIMEOUT = 5 * SECOND;
+
+/** What waiting on library work with a deadline came to. */
+type Settled<T> = { value: T } | "timed-out" | "stopped";
+
+/**
+ * Waits for `work` at most `ms`, or until `signal` aborts; what it yields
+ * after that goes to `orphan` (e.g. a stream nobody will read is closed).
+ */
+async function settleWithin<T>(
+  work: Promise<T>,
+  ms: number,
+  signal: AbortSignal,
+  orphan: (value: T) => unknown = () => {},
+): Promise<Settled<T>> {
+  const done = new AbortController();
+  const stopped = AbortSignal.any([signal, done.signal]);
+  try {
+    const outcome = await Promise.race<Settled<T>>([
+      work.then((value) => ({ value })),
+      delay(ms, stopped).then(() => signal.aborted ? "stopped" : "timed-out"),
+    ]);
+    if (typeof outcome === "string") work.then(orphan).catch(() => {});
+    return outcome;
+  } finally {
+    done.abort();
+  }
+}
 
 function sameTopics(a: readonly string[], b: readonly string[]): boolean {
   return a.length === b.length && a.every((t, i) => t === b[i]);
@@ -159,6 +200,13 @@ class GroupConsumer implements KafkaConsumer {
   // offsets, and what was already handed out must not be handed out twice.
   #delivered = new Map<string, bigint>();
   #restartRequested = false;
+  // Topics kept tracked on the client across a stream restart that is not a
+  // re-subscription: the library joins the group again when a consume tracks
+  // a topic anew, and a rejoin stops every member of the group (a Postgres
+  // outage that pauses and resumes partitions would otherwise rebalance the
+  // group each time). Held, the next consume reuses the membership and its
+  // assignment, and only fetches again from the committed offsets.
+  #held: { client: object; topics: string[] } | undefined;
   // The last message the iteration handed out: it may still be on its way to
   // the reader when its partition is redelivered or revoked.
   #handedOut: ConsumedMessage | undefined;
@@ -167,6 +215,10 @@ class GroupConsumer implements KafkaConsumer {
   #owned: Map<string, TopicPartition> | undefined;
   readonly #revokedListeners: ((partitions: TopicPartition[]) => void)[] = [];
   #iterating = false;
+  #joins = 0;
+  // Streams in a row that stopped fetching (see #pump); at two, the client
+  // itself is suspect and is rebuilt before the next stream.
+  #stalls = 0;
   #closing: Promise<void> | undefined;
   #running: Promise<void>;
 
@@ -181,6 +233,10 @@ class GroupConsumer implements KafkaConsumer {
 
   get topics(): readonly string[] {
     return this.#subscribed;
+  }
+
+  get joins(): number {
+    return this.#joins;
   }
 
   get assignment(): readonly TopicPartition[] | undefined {
@@ -213,10 +269,7 @@ class GroupConsumer implements KafkaConsumer {
     this.#bufferedBytes = kept.reduce((n, m) => n + m.value.byteLength, 0);
     // The library cannot seek one partition; a new stream starts from the
     // committed offsets, and #delivered drops what was handed out already.
-    if (this.#stream) {
-      this.#restartRequested = true;
-      void this.#closeStream();
-    }
+    this.#restartStream();
   }
 
   async commit(offsets: TopicPartitionOffset[]): Promise<void> {
@@ -298,26 +351,50 @@ class GroupConsumer implements KafkaConsumer {
   async #run(): Promise<void> {
     const refresh = this.#opts.topicRefreshMs ?? 5 * SECOND;
     const watcher = setInterval(() => void this.#checkTopics(), refresh);
+    const requestTimeout = this.#opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT;
     let attempt = 0;
     try {
       while (!this.#stop.signal.aborted) {
         let failed = false;
         try {
-          const topics = await this.#resolveTopics();
+          // Listing topics asks the broker; a library call that never answers
+          // must not hold the consumer (nor close()) for good.
+          const listed = await settleWithin(
+            this.#resolveTopics(),
+            3 * requestTimeout,
+            this.#stop.signal,
+          );
+          if (listed === "stopped") break;
+          if (listed === "timed-out") throw new Error("listing topics did not finish");
+          const topics = listed.value;
           if (topics.length === 0) {
             this.#subscribed = [];
             await delay(refresh, this.#stop.signal);
             continue;
           }
+          if (this.#stalls >= 2) {
+            this.#stalls = 0;
+            await this.#dropClient(true);
+          }
           const client = this.#client ??= this.#newClient();
           this.#restartRequested = false;
-          const stream = await client.consume({
+          // Holding other topics than these would subscribe the group to them.
+          if (this.#held && !sameTopics(this.#held.topics, topics)) this.#releaseHeld();
+          const sessionTimeout = this.#opts.sessionTimeoutMs ?? 30 * SECOND;
+          const rebalanceTimeout = Math.max(
+            this.#opts.rebalanceTimeoutMs ?? sessionTimeout,
+            sessionTimeout,
+          );
+          const joining = client.consume({
             topics,
             mode: "committed",
             fallbackMode: this.#opts.startFrom ?? "earliest",
             autocommit: false,
             maxWaitTime: this.#opts.maxWaitMs ?? 500,
-            sessionTimeout: this.#opts.sessionTimeoutMs ?? 30 * SECOND,
+            sessionTimeout,
+            // The library's default (102 s) would let one member that never
+            // rejoins hold every other member's join that long.
+            rebalanceTimeout,
             heartbeatInterval: this.#opts.heartbeatIntervalMs ?? 3 * SECOND,
           }).catch((error) => {
             // A consume that failed (e.g. its join) leaves its topics tracked;
@@ -326,10 +403,29 @@ class GroupConsumer implements KafkaConsumer {
             client.topics.untrackAll(...topics);
             throw error;
           });
-          if (this.#stop.signal.aborted) {
-            await stream.close();
-            break;
+          // A join waits on the group (at most the rebalance timeout) and on
+          // requests that time out and are retried; past that budget it is
+          // not coming, and close() must not wait on it either.
+          const joinBudget = rebalanceTimeout + 2 * requestTimeout;
+          const joined = await settleWithin(
+            joining,
+            joinBudget,
+            this.#stop.signal,
+            (stream) => stream.close(),
+          ).finally(() => this.#releaseHeld());
+          if (joined === "stopped") break;
+          if (joined === "timed-out") {
+            this.#log.warn("kafka consumer join did not finish, starting over with a new client", {
+              attempt,
+              waited_ms: joinBudget,
+            });
+            client.topics.untrackAll(...topics);
+            await this.#dropClient(true);
+            attempt++;
+            await delay(backoffWithJitter(attempt, 200, RETRY_CAP) + 50, this.#stop.signal);
+            continue;
           }
+          const stream = joined.value;
           this.#forgetTopicsNotIn(topics);
           this.#stream = stream;
           this.#subscribed = topics;
@@ -377,7 +473,9 @@ class GroupConsumer implements KafkaConsumer {
     // when created): the assignment is known here before anything of a new
     // one is fetched.
     client.on("consumer:group:join", (event: { assignments?: GroupAssignment[] }) => {
-      if (client === this.#client) this.#assigned(event.assignments ?? []);
+      if (client !== this.#client) return;
+      this.#joins++;
+      this.#assigned(event.assignments ?? []);
     });
     client.on("consumer:group:leave", () => {
       if (client === this.#client) this.#assigned([]);
@@ -429,8 +527,28 @@ class GroupConsumer implements KafkaConsumer {
     }
   }
 
+  /** Ends the current stream for #run to start another, in the same membership (see #held). */
+  #restartStream(): void {
+    if (!this.#stream) return;
+    this.#restartRequested = true;
+    const client = this.#client;
+    if (client && !this.#held) {
+      client.topics.trackAll(...this.#subscribed);
+      this.#held = { client, topics: [...this.#subscribed] };
+    }
+    void this.#closeStream();
+  }
+
+  /** Lets go of the topics a restart kept tracked (see #held). */
+  #releaseHeld(): void {
+    const held = this.#held;
+    this.#held = undefined;
+    if (held && held.client === this.#client) this.#client?.topics.untrackAll(...held.topics);
+  }
+
   async #dropClient(force: boolean): Promise<void> {
     const client = this.#client;
+    this.#held = undefined;
     // Its membership goes with it: a new client joins as a new member.
     if (client) this.#assigned([]);
     this.#client = undefined;
@@ -443,14 +561,59 @@ class GroupConsumer implements KafkaConsumer {
   async #closeStream(): Promise<void> {
     const stream = this.#stream;
     this.#stream = undefined;
-    if (stream) this.#retired.add(stream);
-    if (stream && !stream.destroyed) await stream.close().catch(() => {});
+    if (!stream) return;
+    this.#retired.add(stream);
+    if (stream.destroyed) return;
+    // Ending waits on the fetch under way; one that never answers must not
+    // hold a restart (or close()) for good.
+    const closed = await within(stream.close(), STREAM_CLOSE_TIMEOUT).catch(() => true);
+    if (!closed) {
+      this.#log.warn("kafka stream did not end in time, destroying it", {
+        waited_ms: STREAM_CLOSE_TIMEOUT,
+      });
+      stream.destroy();
+    }
+  }
+
+  /** Whether this member owns a partition of the topics it reads: then its stream must fetch. */
+  #owesFetches(): boolean {
+    const subscribed = new Set(this.#subscribed);
+    for (const { topic } of this.#owned?.values() ?? []) if (subscribed.has(topic)) return true;
+    return false;
   }
 
   // Resolves when the stream ends: closed for a re-subscription or close(),
   // or failed (then rejects).
   #pump(stream: MessagesStream<string, Buffer, string, string>): Promise<void> {
+    // A stream fetches without pause while it owns partitions: each fetch
+    // answers within the broker's wait (maxWaitMs) or fails within the
+    // request timeout. One that goes quiet for longer has lost a callback
+    // inside the library (seen after broker restarts amid rebalances: it never
+    // fetched again, with no error); it is started again, and when the next
+    // one stalls too, the client is rebuilt.
+    const stallMs = (this.#opts.maxWaitMs ?? 500) +
+      (this.#opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT) + 2 * SECOND;
+    let lastFetch = Date.now();
+    const watchdog = setInterval(() => {
+      if (this.#retired.has(stream)) return;
+      // Paused by #pump (a full buffer), or nothing to fetch: not a stall.
+      if (stream.isPaused() || !this.#owesFetches()) lastFetch = Date.now();
+      if (Date.now() - lastFetch < stallMs) return;
+      clearInterval(watchdog);
+      this.#stalls++;
+      this.#log.warn("kafka stream stopped fetching, starting it again", {
+        quiet_ms: Date.now() - lastFetch,
+        stalls: this.#stalls,
+      });
+      if (stream === this.#stream) this.#restartStream();
+    }, Math.min(SECOND, stallMs / 4));
+    stream.on("fetch", () => {
+      lastFetch = Date.now();
+      this.#stalls = 0;
+    });
     return new Promise<void>((resolve, reject) => {
+      stream.once("error", (error: Error) => reject(error));
+      stream.once("close", () => resolve());
       stream.on("data", (m: RawMessage) => {
         if (this.#retired.has(stream)) return;
         const key = partitionKey(m.topic, m.partition);
@@ -477,9 +640,7 @@ class GroupConsumer implements KafkaConsumer {
         ) stream.pause();
         this.#wakeReader();
       });
-      stream.once("error", (error: Error) => reject(error));
-      stream.once("close", () => resolve());
-    });
+    }).finally(() => clearInterval(watchdog));
   }
 
   #forgetTopicsNotIn(topics: string[]) {

@@ -15,7 +15,7 @@ import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
 import { KAFKA_TEST, privateBroker } from "./support/kafka.ts";
-import { SECOND } from "../core/time.ts";
+import { delay, SECOND, within } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
 
@@ -352,6 +352,96 @@ Deno.test(
 );
 
 Deno.test(
+  "kafka: a redelivered partition comes again without a rebalance of the group",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.norebalance.${suffix()}`;
+    const groupId = `test-${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const member = () =>
+        createConsumer({
+          brokers: BROKERS,
+          clientId: "poimen-test",
+          groupId,
+          topics: [topic],
+          sessionTimeoutMs: 6000,
+          heartbeatIntervalMs: 300,
+        });
+      const first = member();
+      const second = member();
+      try {
+        const got = [collect(first), collect(second)];
+        await waitFor(
+          "both members assigned a partition",
+          () => first.assignment?.length === 1 && second.assignment?.length === 1,
+          30 * SECOND,
+        );
+        await producer.send(
+          [0, 1].map((partition) => ({ topic, key: "k", value: "a", partition })),
+        );
+        await waitFor("one message each", () => got[0].length === 1 && got[1].length === 1);
+        const joins = [first.joins, second.joins];
+        const [m] = got[0];
+        first.redeliverFrom(m.topic, m.partition, m.offset);
+        await waitFor("the message again", () => got[0].length === 2, 30 * SECOND);
+        assert.deepEqual([got[0][1].partition, got[0][1].offset], [m.partition, m.offset]);
+        // New messages still flow to both, and nobody joined again.
+        await producer.send(
+          [0, 1].map((partition) => ({ topic, key: "k", value: "b", partition })),
+        );
+        await waitFor("the next messages", () => got[0].length === 3 && got[1].length === 2);
+        assert.deepEqual([first.joins, second.joins], joins);
+      } finally {
+        await second.close();
+        await first.close();
+        await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
+  "kafka: an idle consumer keeps fetching and is never taken for a stalled one",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.idle.${suffix()}`;
+    const lines: string[] = [];
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 1, replicationFactor: 1 }]);
+      const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
+      const consumer = createConsumer({
+        brokers: BROKERS,
+        clientId: "poimen-test",
+        groupId: `test-${suffix()}`,
+        topics: [topic],
+        // A stream is taken for stalled after 0.5 + 1 + 2 s without a fetch.
+        maxWaitMs: 500,
+        requestTimeoutMs: 1000,
+        logger: createLogger("test", "debug", (line) => lines.push(line)),
+      });
+      try {
+        const got = collect(consumer);
+        await waitFor("an assignment", () => consumer.assignment?.length === 1, 30 * SECOND);
+        // Idleness is what is tested here (three stall windows of it), not a
+        // stand-in for a condition; then a message still comes at once.
+        await delay(10 * SECOND);
+        await producer.send([{ topic, key: "k", value: "late" }]);
+        await waitFor("the late message", () => got.length === 1, 10 * SECOND);
+        assert.deepEqual(lines.filter((l) => l.includes("stopped fetching")), []);
+        assert.equal(consumer.joins, 1);
+      } finally {
+        await consumer.close();
+        await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
   "kafka: partitions given to a second member are reported revoked, and never handed out again",
   { sanitizeOps: false, sanitizeResources: false },
   async () => {
@@ -408,6 +498,68 @@ Deno.test(
         await second?.close();
         await first.close();
         await producer.close();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
+  "kafka: close() returns while a join waits on a member that stopped answering",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.frozen.${suffix()}`;
+    const groupId = `test-${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
+      // A member whose session outlasts the test: frozen, it holds every
+      // other member's join until the coordinator gives up on it.
+      const frozen = new Deno.Command(Deno.execPath(), {
+        args: [
+          "run",
+          "--allow-net",
+          "--allow-env",
+          "--allow-read",
+          new URL("./support/group_member.ts", import.meta.url).pathname,
+          BROKERS.join(","),
+          groupId,
+          topic,
+          String(120 * SECOND),
+        ],
+        stdout: "piped",
+        stderr: "null",
+      }).spawn();
+      const lines = frozen.stdout.pipeThrough(new TextDecoderStream()).getReader();
+      let joining: KafkaConsumer | undefined;
+      try {
+        let out = "";
+        while (!out.includes("joined")) {
+          const { value, done } = await lines.read();
+          if (done) throw new Error(`the member exited before joining: ${out}`);
+          out += value;
+        }
+        Deno.kill(frozen.pid, "SIGSTOP");
+        joining = createConsumer({
+          brokers: BROKERS,
+          clientId: "poimen-test",
+          groupId,
+          topics: [topic],
+          sessionTimeoutMs: 6 * SECOND,
+          heartbeatIntervalMs: 300,
+        });
+        collect(joining);
+        await waitFor("a rebalance waiting on the frozen member", async () => {
+          const group = await admin.groupState(groupId);
+          return group.state === "PREPARING_REBALANCE" || group.state === "PreparingRebalance";
+        }, 30 * SECOND);
+        assert.equal(joining.assignment, undefined, "the join is still waiting");
+        const closed = await within(joining.close(), 10 * SECOND);
+        assert.ok(closed, "close() came back without waiting for the join");
+      } finally {
+        Deno.kill(frozen.pid, "SIGKILL");
+        await frozen.status;
+        await lines.cancel().catch(() => {});
+        await joining?.close();
         await admin.deleteTopics([topic]);
       }
     });
