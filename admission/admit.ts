@@ -21,7 +21,7 @@ import {
 import type { RunRow } from "../db/runs.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { formatPath, type RunRequest } from "../contracts/runs.ts";
-import { Batcher } from "./batcher.ts";
+import { Batcher } from "../core/batcher.ts";
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
 export type AdmitRequest = RunRequest;

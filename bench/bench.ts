@@ -1,5 +1,5 @@
 /**
- * `deno task bench [-- --quick]`: poimen side by side with a minimal
+ * `deno task bench [-- --quick] [-- --only http,growth,worker,relay]`: poimen side by side with a minimal
  * endpoint, pgbench, pg-boss and graphile-worker, in one run on this
  * machine, written to bench/REPORT.md. Not a test: it asserts nothing about
  * durations; it fails only when a count is wrong (every key exactly once).
@@ -47,6 +47,13 @@ import {
 } from "./tools.ts";
 
 const QUICK = Deno.args.includes("--quick");
+// `--only worker,relay`: just those sections (http, growth, worker, relay),
+// printed and not written to bench/REPORT.md, whose figures must come from one run.
+const ONLY = (() => {
+  const i = Deno.args.indexOf("--only");
+  return i < 0 ? undefined : new Set(Deno.args[i + 1]?.split(",") ?? []);
+})();
+const wanted = (section: string) => !ONLY || ONLY.has(section);
 const CFG = QUICK
   ? {
     secs: 2,
@@ -1138,16 +1145,24 @@ async function main() {
     admin<{ datname: string }[]>`
       select datname from pg_database where datname like ${`poimen_bench_${STAMP}%`}`;
   try {
-    log("HTTP, pgbench and enqueue rounds");
-    await httpRounds(admin);
-    log("admission as the table grows");
-    await growth(admin);
-    log("worker execution");
-    await workers(admin);
-    log("relay");
-    await relay(admin);
+    if (wanted("http")) {
+      log("HTTP, pgbench and enqueue rounds");
+      await httpRounds(admin);
+    }
+    if (wanted("growth")) {
+      log("admission as the table grows");
+      await growth(admin);
+    }
+    if (wanted("worker")) {
+      log("worker execution");
+      await workers(admin);
+    }
+    if (wanted("relay")) {
+      log("relay");
+      await relay(admin);
+    }
     const text = await report(started, versions);
-    await Deno.writeTextFile(`${PROJECT_ROOT}bench/REPORT.md`, text);
+    if (!ONLY) await Deno.writeTextFile(`${PROJECT_ROOT}bench/REPORT.md`, text);
     console.log(text);
   } finally {
     for (const { datname } of await dbs()) {

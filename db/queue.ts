@@ -339,6 +339,16 @@ function cancelledOnAbort<T>(
   });
 }
 
+/** One run's completion in a `completeRuns` batch. */
+export interface Completion {
+  tenant_id: string;
+  run_id: string;
+  /** The attempt the result belongs to (the fencing token). */
+  attempt: number;
+  /** JSON; undefined is stored as null. */
+  result: unknown;
+}
+
 /**
  * Marks `owner`'s running run `succeeded` with `result` (JSON; undefined is
  * stored as null) and appends `run.succeeded` `{attempt, result}`. False when
@@ -354,20 +364,73 @@ export async function completeRun(
   attempt: number,
   result: unknown,
 ): Promise<boolean> {
-  const rows = await sql`
-    with upd as (
-      update runs
+  const [done] = await completeRuns(sql, owner, [
+    { tenant_id: tenantId, run_id: runId, attempt, result },
+  ]);
+  return done;
+}
+
+/**
+ * `completeRun` for several of `owner`'s runs in one statement, so one
+ * commit: a worker finishing many short runs at once pays one WAL flush for
+ * them, not one each. Returns, per completion in order, whether it was
+ * written (false: that attempt's lease was lost, and nothing of it was
+ * written). A run may appear once per batch.
+ *
+ * Each run is found by a primary-key probe (a lateral subquery with `FOR
+ * UPDATE` is never flattened into a join the planner could hash over a scan
+ * of `runs`) and updated through `INSERT … ON CONFLICT DO UPDATE`, as in
+ * `claimRuns`; the new result rides in the proposed row (`excluded`).
+ */
+export async function completeRuns(
+  sql: Sql,
+  owner: string,
+  completions: Completion[],
+): Promise<boolean[]> {
+  if (completions.length === 0) return [];
+  const batch = sql.json(
+    completions.map((c, i) => ({
+      i,
+      tenant_id: c.tenant_id,
+      run_id: c.run_id,
+      attempt: c.attempt,
+      result: toJson(c.result),
+    })) as unknown as postgres.JSONValue,
+  );
+  const rows = await sql<{ i: number }[]>`
+    with q as (
+      -- The result is taken as it is (jsonb_to_record would turn a JSON null
+      -- into SQL NULL).
+      select q.i, q.tenant_id, q.run_id, q.attempt, e.x -> 'result' as result
+        from jsonb_array_elements(${batch}) as e(x)
+       cross join lateral jsonb_to_record(e.x)
+             as q(i integer, tenant_id text, run_id uuid, attempt integer)
+    ),
+    picked as (
+      select (jsonb_populate_record(l.r, jsonb_build_object('result', q.result))).*
+        from q
+       cross join lateral (
+             select r from runs r
+              where r.tenant_id = q.tenant_id and r.run_id = q.run_id
+                and r.lease_owner = ${owner} and r.attempts = q.attempt
+                and r.status = 'running'
+              limit 1
+                for update) l
+    ),
+    upd as (
+      insert into runs select * from picked
+      on conflict (tenant_id, run_id) do update
          set status = 'succeeded',
-             result = coalesce(${sql.json(toJson(result))}::jsonb, 'null'::jsonb),
+             result = coalesce(excluded.result, 'null'::jsonb),
              error = null,
              lease_owner = null,
              lease_expires_at = null,
              finished_at = now(),
              updated_at = now(),
-             event_seq = event_seq + 1
-       where tenant_id = ${tenantId} and run_id = ${runId}
-         and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
-      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, attempts, result
+             event_seq = runs.event_seq + 1
+       where runs.status = 'running'
+      returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.event_seq,
+                runs.attempts, runs.result
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
@@ -375,8 +438,10 @@ export async function completeRun(
              jsonb_build_object('attempt', attempts, 'result', result), now()
         from upd
     )
-    select 1 from upd`;
-  return rows.length > 0;
+    select q.i from upd join q on q.tenant_id = upd.tenant_id and q.run_id = upd.run_id`;
+  const written = completions.map(() => false);
+  for (const { i } of rows) written[i] = true;
+  return written;
 }
 
 /** Why an attempt failed, stored as the run's `error` and in its event. */

@@ -21,6 +21,7 @@ import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../db/admissio
 import {
   claimRuns,
   completeRun,
+  completeRuns,
   failAttempt,
   heartbeat,
   queueStats,
@@ -120,6 +121,20 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: completeRun",
       call: (sql) => completeRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, { ok: true }),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: completeRuns, a batch (one run of it still running)",
+      call: (sql) =>
+        completeRuns(sql, s.owner, [
+          { tenant_id: s.tenant, run_id: s.runningRun, attempt: s.attempt, result: [1] },
+          ...Array.from({ length: 15 }, () => ({
+            tenant_id: s.tenant,
+            run_id: crypto.randomUUID(),
+            attempt: 1,
+            result: null,
+          })),
+        ]),
       indexes: { runs: ["runs_pkey"] },
     },
     {

@@ -12,6 +12,7 @@ import type { Sql } from "../db/pool.ts";
 import {
   claimRuns,
   completeRun,
+  completeRuns,
   failAttempt,
   heartbeat,
   reclaimExpired,
@@ -273,6 +274,54 @@ Deno.test("queue cancel: a cancel-requested run released on shutdown is cancelle
       "run.started",
       "run.cancelled",
     ]);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("completeRuns() writes the batch's live attempts in one statement and refuses the others", async () => {
+  const { db, runId } = await setup();
+  try {
+    const admission = new Admission(db.sql, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 });
+    const more = [];
+    for (let n = 2; n <= 4; n++) {
+      const { run } = await admission.admit({ workflow_ref: "echo", input: { n } }, {
+        tenantId: TENANT,
+        source: "test",
+        entry: "http",
+      });
+      more.push(run.run_id);
+    }
+    const claimed = await claimRuns(db.sql, OWNER, 4, LEASE_MS);
+    assert.equal(claimed.length, 4);
+    const [a, b, c] = more;
+    // Run c is another worker's now: released by this one, claimed by "w-other".
+    await releaseRun(db.sql, TENANT, c, OWNER, 1, "test");
+    const [other] = await claimRuns(db.sql, "w-other", 1, LEASE_MS);
+    assert.equal(other.run_id, c);
+    const written = await completeRuns(db.sql, OWNER, [
+      { tenant_id: TENANT, run_id: runId, attempt: 1, result: { n: 1 } },
+      { tenant_id: TENANT, run_id: a, attempt: 2, result: "stale attempt" },
+      { tenant_id: TENANT, run_id: b, attempt: 1, result: undefined },
+      { tenant_id: TENANT, run_id: c, attempt: 1, result: "not mine" },
+      { tenant_id: TENANT, run_id: crypto.randomUUID(), attempt: 1, result: 1 },
+    ]);
+    assert.deepEqual(written, [true, false, true, false, false]);
+    const [r1, ra, rb, rc] = await Promise.all([runId, a, b, c].map((id) => runRow(db.sql, id)));
+    assert.deepEqual([r1.status, r1.result, r1.lease_owner], ["succeeded", { n: 1 }, null]);
+    assert.deepEqual([ra.status, ra.lease_owner], ["running", OWNER]);
+    assert.deepEqual([rb.status, rb.result], ["succeeded", null]);
+    assert.deepEqual([rc.status, rc.lease_owner], ["running", "w-other"]);
+    assert.deepEqual(await eventTypes(db.sql, runId), [
+      "run.admitted",
+      "run.started",
+      "run.succeeded",
+    ]);
+    assert.deepEqual(await eventTypes(db.sql, a), ["run.admitted", "run.started"]);
+    const [event] = await db.sql<{ seq: number; payload: unknown }[]>`
+      select seq, payload from work_events
+       where tenant_id = ${TENANT} and run_id = ${b} and type = 'run.succeeded'`;
+    assert.deepEqual(event, { seq: rb.event_seq, payload: { attempt: 1, result: null } });
   } finally {
     await db.drop();
   }

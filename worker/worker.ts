@@ -26,7 +26,8 @@ import {
   CANCEL_CHANNEL,
   type ClaimedRun,
   claimRuns,
-  completeRun,
+  completeRuns,
+  type Completion,
   failAttempt,
   heartbeat,
   notifyQueued,
@@ -36,6 +37,7 @@ import {
 } from "../db/queue.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { Reclaimer } from "./reclaimer.ts";
+import { Batcher } from "../core/batcher.ts";
 import {
   attemptError,
   boundError,
@@ -103,6 +105,9 @@ const QUERY_CANCELED = "57014";
 // Database errors in the loops back off from this to ten seconds.
 const DB_RETRY_BASE_MS = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
+// Completions per statement, and statements at once (each holds a connection).
+const COMPLETION_BATCH = 64;
+const COMPLETION_FLUSHES = 2;
 
 interface InFlight {
   run: ClaimedRun;
@@ -142,6 +147,7 @@ export class Worker implements Service {
   readonly #eventsWritten: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
   readonly #reclaimer: Reclaimer;
+  readonly #completions: Batcher<Completion, boolean>;
   #started = false;
   #woken = false;
   #wakeup: AbortController | undefined;
@@ -160,6 +166,15 @@ export class Worker implements Service {
       ...opts,
     };
     this.#log = opts.log.with({ worker: opts.id });
+    // Completions of runs that end together share one statement and commit
+    // (group commit): short runs would otherwise pay a WAL flush each.
+    this.#completions = new Batcher(
+      (batch) => completeRuns(sql, opts.id, batch),
+      { maxBatch: COMPLETION_BATCH, maxConcurrent: COMPLETION_FLUSHES },
+      // A batch that failed for the database's sake is retried by each
+      // caller's own #write; bisecting it would only fail it again.
+      (err) => !isUnavailable(err),
+    );
     const waker = new Waker(
       () => notifyQueued(sql),
       (err) => this.#log.warn("notify failed", { error: err }),
@@ -422,7 +437,13 @@ export class Worker implements Service {
         }
         const ok = await this.#write(
           lease,
-          () => completeRun(this.#sql, run.tenant_id, run.run_id, id, run.attempts, outcome.result),
+          () =>
+            this.#completions.submit({
+              tenant_id: run.tenant_id,
+              run_id: run.run_id,
+              attempt: run.attempts,
+              result: outcome.result,
+            }),
         );
         this.#opts.hooks.onFinished?.(ok ? "succeeded" : "lost");
         if (ok) log.debug("run succeeded");

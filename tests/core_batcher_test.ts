@@ -1,11 +1,11 @@
 /**
- * admission/batcher.ts on its own: which items go into which flush, how many
+ * core/batcher.ts on its own: which items go into which flush, how many
  * flushes run at once, and who fails when a flush fails. The flush here is a
  * recorder whose calls the test finishes one by one, so every interleaving
  * is chosen by the test, not by timing.
  */
 import assert from "node:assert/strict";
-import { Batcher, type BatcherOptions } from "../admission/batcher.ts";
+import { Batcher, type BatcherOptions } from "../core/batcher.ts";
 
 /** A flush call the test holds open until it calls `finish` or `fail`. */
 interface Call<T, R> {
