@@ -194,6 +194,9 @@ class GroupConsumer implements KafkaConsumer {
   // a redelivery it would move past the offset asked for); the next stream
   // fetches it again.
   readonly #retired = new WeakSet<object>();
+  // Per stream, ends its #pump: #closeStream calls it once the stream was
+  // asked to end (or destroyed), whether or not the library says "close".
+  readonly #pumpEnds = new WeakMap<object, () => void>();
   #wake: (() => void) | undefined;
   // The offset after the last message handed out per partition: after a
   // re-subscription or a rebuilt client the group restarts from the committed
@@ -563,6 +566,17 @@ class GroupConsumer implements KafkaConsumer {
     this.#stream = undefined;
     if (!stream) return;
     this.#retired.add(stream);
+    try {
+      await this.#endStream(stream);
+    } finally {
+      // The stream's "close" event waits on the library tearing down its
+      // connections, which has been seen never to finish: #run must go on
+      // regardless.
+      this.#pumpEnds.get(stream)?.();
+    }
+  }
+
+  async #endStream(stream: MessagesStream<string, Buffer, string, string>): Promise<void> {
     if (stream.destroyed) return;
     // Ending waits on the fetch under way; one that never answers must not
     // hold a restart (or close()) for good.
@@ -612,6 +626,7 @@ class GroupConsumer implements KafkaConsumer {
       this.#stalls = 0;
     });
     return new Promise<void>((resolve, reject) => {
+      this.#pumpEnds.set(stream, resolve);
       stream.once("error", (error: Error) => reject(error));
       stream.once("close", () => resolve());
       stream.on("data", (m: RawMessage) => {
