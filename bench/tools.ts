@@ -47,7 +47,8 @@ async function which(name: string): Promise<string | undefined> {
 export async function ensureWrk(): Promise<string> {
   const found = await which("wrk");
   if (found) return found;
-  if (Deno.uid() !== 0) {
+  // `id -u`, not Deno.uid(): that would need --allow-sys for this one check.
+  if ((await sh("id", ["-u"])).stdout.trim() !== "0") {
     throw new Error("wrk is missing: install it with `sudo apt-get install -y wrk`, then rerun");
   }
   console.error("installing wrk (apt-get install -y wrk)…");
