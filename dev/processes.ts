@@ -6,9 +6,14 @@
  */
 import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
 
-/** The permission flags of process `command`, as its deno.json task declares them. */
-export function permissions(command: string): string[] {
-  return taskArgs(command).filter((a) => a.startsWith("--allow-") || a.startsWith("--deny-"));
+/**
+ * The runtime flags of process `command` (permissions, V8 flags), as its
+ * deno.json task declares them.
+ */
+export function runFlags(command: string): string[] {
+  return taskArgs(command).filter((a) =>
+    a.startsWith("--allow-") || a.startsWith("--deny-") || a.startsWith("--v8-flags=")
+  );
 }
 
 /** A free TCP port on 127.0.0.1 (asked of the OS, then released). */
@@ -48,7 +53,7 @@ export class PoimenProcess {
       this.metricsUrl = `http://127.0.0.1:${env[portVariable]}`;
     }
     this.#child = new Deno.Command(Deno.execPath(), {
-      args: ["run", ...permissions(command), "main.ts", command, ...extraArgs],
+      args: ["run", ...runFlags(command), "main.ts", command, ...extraArgs],
       cwd: PROJECT_ROOT,
       env: { NO_COLOR: "1", ...env },
       stdin: "null",
@@ -119,10 +124,10 @@ export async function runCommand(
   command: string,
   args: string[],
   env: Record<string, string>,
-  permissions: string[] = ["-A"],
+  flags: string[] = ["-A"],
 ): Promise<{ code: number; stdout: string; stderr: string }> {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...permissions, "main.ts", command, ...args],
+    args: ["run", ...flags, "main.ts", command, ...args],
     cwd: PROJECT_ROOT,
     env: { NO_COLOR: "1", ...env },
     stdin: "null",

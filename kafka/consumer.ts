@@ -81,6 +81,12 @@ export interface ConsumerOptions extends KafkaClientOptions {
   rebalanceTimeoutMs?: number;
   /** Longest a fetch waits on the broker for data, in ms (default 500). */
   maxWaitMs?: number;
+  /**
+   * Most bytes one fetch asks for (default 8 MiB; the library's own default,
+   * 50 MB, is held in memory per response). The broker still returns a
+   * record batch larger than this, so no message is too large to consume.
+   */
+  maxFetchBytes?: number;
 }
 
 /**
@@ -394,6 +400,7 @@ class GroupConsumer implements KafkaConsumer {
             fallbackMode: this.#opts.startFrom ?? "earliest",
             autocommit: false,
             maxWaitTime: this.#opts.maxWaitMs ?? 500,
+            maxBytes: this.#opts.maxFetchBytes ?? 8 * 1024 * 1024,
             sessionTimeout,
             // The library's default (102 s) would let one member that never
             // rejoins hold every other member's join that long.

@@ -6,7 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { freshDatabase } from "./support/db.ts";
-import { permissions, runCommand } from "./support/processes.ts";
+import { runCommand, runFlags } from "./support/processes.ts";
 import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { tenantTopics } from "../contracts/topics.ts";
@@ -33,7 +33,7 @@ const VALID_ARGS: Record<string, string[]> = {
 };
 
 const run = (command: string, args: string[], env: Record<string, string> = {}) =>
-  runCommand(command, args, { LOG_LEVEL: "warn", ...env }, permissions(command));
+  runCommand(command, args, { LOG_LEVEL: "warn", ...env }, runFlags(command));
 
 function oneLine(stderr: string): string {
   const lines = stderr.trim().split("\n");

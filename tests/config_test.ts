@@ -3,7 +3,7 @@
  * naming the variable and exit code 2, before it touches anything.
  */
 import assert from "node:assert/strict";
-import { permissions, runCommand } from "./support/processes.ts";
+import { runCommand, runFlags } from "./support/processes.ts";
 
 const CASES: [command: string, env: Record<string, string>, variable: string][] = [
   ["api", { PORT: "eighty" }, "PORT"],
@@ -20,7 +20,7 @@ const CASES: [command: string, env: Record<string, string>, variable: string][] 
 
 for (const [command, env, variable] of CASES) {
   Deno.test(`config: ${command} with a bad ${variable} says so in one line and exits 2`, async () => {
-    const out = await runCommand(command, [], env, permissions(command));
+    const out = await runCommand(command, [], env, runFlags(command));
     assert.equal(out.code, 2, out.stderr);
     const lines = out.stderr.trim().split("\n");
     assert.equal(lines.length, 1, out.stderr);
@@ -34,7 +34,7 @@ Deno.test("config: a secret in a bad setting is not echoed back", async () => {
     "api",
     [],
     { DATABASE_URL: `postgres://u:${secret}@` },
-    permissions("api"),
+    runFlags("api"),
   );
   assert.equal(out.code, 2);
   assert.ok(!out.stderr.includes(secret), out.stderr);

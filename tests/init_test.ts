@@ -6,15 +6,15 @@
  */
 import assert from "node:assert/strict";
 import { freshDatabase } from "./support/db.ts";
-import { ApiProcess, permissions, runCommand } from "./support/processes.ts";
+import { ApiProcess, runCommand, runFlags } from "./support/processes.ts";
 import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { tenantTopics } from "../contracts/topics.ts";
 import { HEADERS } from "../contracts/runs.ts";
 
-/** The init task's permissions, with its state directory moved to `dir`. */
+/** The init task's flags, with its state directory moved to `dir`. */
 function initPermissions(dir: string): string[] {
-  return permissions("init").map((p) => p.replaceAll("/var/lib/poimen", dir));
+  return runFlags("init").map((p) => p.replaceAll("/var/lib/poimen", dir));
 }
 
 Deno.test({
@@ -88,7 +88,7 @@ Deno.test("init: a bad tenant list is refused in one line naming POIMEN_TENANTS,
     "init",
     [],
     { POIMEN_TENANTS: "acme,Not A Tenant", DATABASE_URL: "postgres://postgres@127.0.0.1:1/x" },
-    permissions("init"),
+    runFlags("init"),
   );
   assert.equal(out.code, 2, out.stderr);
   assert.match(out.stderr.trim(), /^config: POIMEN_TENANTS is invalid: /);

@@ -24,9 +24,9 @@ import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   ApiProcess,
   freePort,
-  permissions,
   PoimenProcess,
   runCommand,
+  runFlags,
   sampleValue,
 } from "./support/processes.ts";
 import { BROKER, KAFKA_TEST, type PrivateBroker, privateBroker } from "./support/kafka.ts";
@@ -486,7 +486,7 @@ relayTest(
       LOG_LEVEL: "warn",
       DLQ_REDRIVE_WAIT_MS: "8000",
     };
-    const listed = await runCommand("dlq", [ctx.tenant], env, permissions("dlq"));
+    const listed = await runCommand("dlq", [ctx.tenant], env, runFlags("dlq"));
     assert.equal(listed.code, 0, listed.stderr);
     const lines = listed.stdout.trim().split("\n");
     assert.equal(lines.length, bad.length + 1, listed.stdout);
@@ -494,7 +494,7 @@ relayTest(
     assert.ok(lines.some((l) => l.includes("reason=body-too-large") && l.includes("status=413")));
 
     await ctx.startApi();
-    const redrive = await runCommand("dlq", [ctx.tenant, "--redrive"], env, permissions("dlq"));
+    const redrive = await runCommand("dlq", [ctx.tenant, "--redrive"], env, runFlags("dlq"));
     assert.equal(redrive.code, 0, redrive.stderr);
     assert.match(
       redrive.stdout,

@@ -26,9 +26,9 @@ import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import {
   ApiProcess,
   freePort,
-  permissions,
   PoimenProcess,
   runCommand,
+  runFlags,
   sampleValue,
 } from "./support/processes.ts";
 import { BROKER, consume, KAFKA_TEST, privateBroker } from "./support/kafka.ts";
@@ -469,7 +469,7 @@ Deno.test("outbox_relay: a bad KAFKA_BROKERS is one line naming it and exit code
     "outbox",
     [],
     { KAFKA_BROKERS: "not a broker list", DATABASE_URL: "postgres://postgres@127.0.0.1:1/none" },
-    permissions("outbox"),
+    runFlags("outbox"),
   );
   assert.equal(code, 2);
   const lines = stderr.trim().split("\n");

@@ -10,7 +10,7 @@
  * caller's business.
  */
 import { type BrokerOptions, brokerOptionsFromEnv, killBroker, startBroker } from "../kafka.ts";
-import { freePort, permissions, PoimenProcess, runCommand } from "../processes.ts";
+import { freePort, PoimenProcess, runCommand, runFlags } from "../processes.ts";
 import { createPool, type Sql } from "../../db/pool.ts";
 import { delay, SECOND } from "../../core/time.ts";
 
@@ -267,7 +267,7 @@ export class Cluster {
   }
 
   async #command(command: string, args: string[], env: Record<string, string>): Promise<string> {
-    const out = await runCommand(command, args, env, permissions(command));
+    const out = await runCommand(command, args, env, runFlags(command));
     if (out.code !== 0) {
       throw new Error(`${command} ${args.join(" ")} failed (${out.code}): ${out.stderr.trim()}`);
     }

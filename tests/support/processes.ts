@@ -6,7 +6,7 @@
 import { waitFor } from "./db.ts";
 import { freePort, PoimenProcess } from "../../dev/processes.ts";
 
-export { freePort, permissions, PoimenProcess, runCommand } from "../../dev/processes.ts";
+export { freePort, PoimenProcess, runCommand, runFlags } from "../../dev/processes.ts";
 
 /** A running API process on a free port. */
 export class ApiProcess extends PoimenProcess {
