@@ -34,6 +34,18 @@ function collect(consumer: KafkaConsumer): ConsumedMessage[] {
 
 const text = (m: ConsumedMessage) => new TextDecoder().decode(m.value);
 
+/** A member of `groupId` reading `topic`, quick to notice rebalances. */
+function groupMember(groupId: string, topic: string): KafkaConsumer {
+  return createConsumer({
+    brokers: BROKERS,
+    clientId: "poimen-test",
+    groupId,
+    topics: [topic],
+    sessionTimeoutMs: 6000,
+    heartbeatIntervalMs: 300,
+  });
+}
+
 async function withAdmin<T>(fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
   const admin = createAdmin({ brokers: BROKERS, clientId: "poimen-test" });
   try {
@@ -360,15 +372,7 @@ Deno.test(
     await withAdmin(async (admin) => {
       await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
       const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-      const member = () =>
-        createConsumer({
-          brokers: BROKERS,
-          clientId: "poimen-test",
-          groupId,
-          topics: [topic],
-          sessionTimeoutMs: 6000,
-          heartbeatIntervalMs: 300,
-        });
+      const member = () => groupMember(groupId, topic);
       const first = member();
       const second = member();
       try {
@@ -450,15 +454,7 @@ Deno.test(
     await withAdmin(async (admin) => {
       await admin.createTopics([{ name: topic, partitions: 4, replicationFactor: 1 }]);
       const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
-      const member = () =>
-        createConsumer({
-          brokers: BROKERS,
-          clientId: "poimen-test",
-          groupId,
-          topics: [topic],
-          sessionTimeoutMs: 6000,
-          heartbeatIntervalMs: 300,
-        });
+      const member = () => groupMember(groupId, topic);
       const first = member();
       const revoked: { topic: string; partition: number }[] = [];
       first.onRevoked((ps) => revoked.push(...ps));
