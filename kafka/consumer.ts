@@ -87,7 +87,24 @@ export interface ConsumerOptions extends KafkaClientOptions {
    * record batch larger than this, so no message is too large to consume.
    */
   maxFetchBytes?: number;
+  /**
+   * Told each time the consumer works around a library call that hung (see
+   * `ConsumerRecovery`), e.g. to count them in a metric.
+   */
+  onRecovery?: (kind: ConsumerRecovery) => void;
 }
+
+/**
+ * What the consumer did about a client library call that hung: a join that
+ * did not finish (the client is rebuilt), a stream that stopped fetching
+ * (restarted; rebuilt on the second in a row), a stream that did not end in
+ * time (destroyed), a topic listing that did not finish (retried).
+ */
+export type ConsumerRecovery =
+  | "join-timeout"
+  | "stream-stalled"
+  | "stream-close-timeout"
+  | "list-topics-timeout";
 
 /**
  * A consumer group member with manual commits. Iterate it (once) to receive
@@ -374,7 +391,10 @@ class GroupConsumer implements KafkaConsumer {
             this.#stop.signal,
           );
           if (listed === "stopped") break;
-          if (listed === "timed-out") throw new Error("listing topics did not finish");
+          if (listed === "timed-out") {
+            this.#opts.onRecovery?.("list-topics-timeout");
+            throw new Error("listing topics did not finish");
+          }
           const topics = listed.value;
           if (topics.length === 0) {
             this.#subscribed = [];
@@ -425,6 +445,7 @@ class GroupConsumer implements KafkaConsumer {
           ).finally(() => this.#releaseHeld());
           if (joined === "stopped") break;
           if (joined === "timed-out") {
+            this.#opts.onRecovery?.("join-timeout");
             this.#log.warn("kafka consumer join did not finish, starting over with a new client", {
               attempt,
               waited_ms: joinBudget,
@@ -589,6 +610,7 @@ class GroupConsumer implements KafkaConsumer {
     // hold a restart (or close()) for good.
     const closed = await within(stream.close(), STREAM_CLOSE_TIMEOUT).catch(() => true);
     if (!closed) {
+      this.#opts.onRecovery?.("stream-close-timeout");
       this.#log.warn("kafka stream did not end in time, destroying it", {
         waited_ms: STREAM_CLOSE_TIMEOUT,
       });
@@ -622,6 +644,7 @@ class GroupConsumer implements KafkaConsumer {
       if (Date.now() - lastFetch < stallMs) return;
       clearInterval(watchdog);
       this.#stalls++;
+      this.#opts.onRecovery?.("stream-stalled");
       this.#log.warn("kafka stream stopped fetching, starting it again", {
         quiet_ms: Date.now() - lastFetch,
         stalls: this.#stalls,

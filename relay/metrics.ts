@@ -66,6 +66,13 @@ export function createRelayMetrics(registry: client.Registry) {
       help: "Times a partition was paused behind a failing message",
       registers,
     }),
+    consumerRecoveries: new client.Counter({
+      name: "poimen_inbox_consumer_recoveries_total",
+      help: "Kafka client calls that hung and were worked around, by kind (join-timeout, " +
+        "stream-stalled, stream-close-timeout, list-topics-timeout)",
+      labelNames: ["kind"] as const,
+      registers,
+    }),
     commits: new client.Counter({
       name: "poimen_inbox_commits_total",
       help: "Offset commits acknowledged by the broker",

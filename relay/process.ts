@@ -109,6 +109,7 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
           maxBufferedBytes: Math.min(config.RELAY_MAX_PENDING_BYTES, 16 * 1024 * 1024),
           sessionTimeoutMs: config.RELAY_SESSION_TIMEOUT_MS,
           heartbeatIntervalMs: Math.floor(config.RELAY_SESSION_TIMEOUT_MS / 10),
+          onRecovery: (kind) => metrics.consumerRecoveries.inc({ kind }),
         }),
         producer: createProducer(kafka),
         admin,

@@ -413,6 +413,7 @@ Deno.test(
   async () => {
     const topic = `test.idle.${suffix()}`;
     const lines: string[] = [];
+    const recoveries: string[] = [];
     await withAdmin(async (admin) => {
       await admin.createTopics([{ name: topic, partitions: 1, replicationFactor: 1 }]);
       const producer = createProducer({ brokers: BROKERS, clientId: "poimen-test" });
@@ -425,6 +426,7 @@ Deno.test(
         maxWaitMs: 500,
         requestTimeoutMs: 1000,
         logger: createLogger("test", "debug", (line) => lines.push(line)),
+        onRecovery: (kind) => recoveries.push(kind),
       });
       try {
         const got = collect(consumer);
@@ -435,6 +437,7 @@ Deno.test(
         await producer.send([{ topic, key: "k", value: "late" }]);
         await waitFor("the late message", () => got.length === 1, 10 * SECOND);
         assert.deepEqual(lines.filter((l) => l.includes("stopped fetching")), []);
+        assert.deepEqual(recoveries, []);
         assert.equal(consumer.joins, 1);
       } finally {
         await consumer.close();
