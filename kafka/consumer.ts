@@ -445,16 +445,12 @@ class GroupConsumer implements KafkaConsumer {
           ).finally(() => this.#releaseHeld());
           if (joined === "stopped") break;
           if (joined === "timed-out") {
+            // A fresh client next: this one's group state is stuck.
             this.#opts.onRecovery?.("join-timeout");
-            this.#log.warn("kafka consumer join did not finish, starting over with a new client", {
-              attempt,
-              waited_ms: joinBudget,
-            });
-            client.topics.untrackAll(...topics);
             await this.#dropClient(true);
-            attempt++;
-            await delay(backoffWithJitter(attempt, 200, RETRY_CAP) + 50, this.#stop.signal);
-            continue;
+            throw new Error(
+              `kafka consumer join did not finish in ${joinBudget} ms; the client was rebuilt`,
+            );
           }
           const stream = joined.value;
           this.#forgetTopicsNotIn(topics);
