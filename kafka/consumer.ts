@@ -6,10 +6,12 @@
  */
 import { Buffer } from "node:buffer";
 import {
+  ConnectionPool,
   Consumer,
   type GroupAssignment,
   type Message,
   type MessagesStream,
+  offsetCommitV8,
   stringDeserializer,
 } from "@platformatic/kafka";
 import { createAdmin, type KafkaAdmin } from "./admin.ts";
@@ -113,7 +115,12 @@ export type ConsumerRecovery =
 export interface KafkaConsumer extends AsyncIterable<ConsumedMessage> {
   /**
    * Commits, for each partition, `offset` = the next offset to read (the last
-   * processed message's offset + 1). Retries until committed or closed.
+   * processed message's offset + 1), of the partitions this member owns.
+   * Retries until committed or closed. Each attempt is sent under the group
+   * generation that assigned those partitions to this member, so the broker
+   * refuses it once the group has moved on: a partition given to another
+   * member meanwhile is never committed from here (which could move the new
+   * owner's committed offset back over work it did not redo).
    */
   commit(offsets: TopicPartitionOffset[]): Promise<void>;
   /**
@@ -239,6 +246,10 @@ class GroupConsumer implements KafkaConsumer {
   // The group's last assignment to this member (by partitionKey); undefined
   // before the first join, when nothing can have been revoked.
   #owned: Map<string, TopicPartition> | undefined;
+  // The membership #owned was assigned under: commits are sent as it (see commit()).
+  #member: { generationId: number; memberId: string } | undefined;
+  // Commits go over their own connection, not through the client (see #commitAs).
+  #commitPool: ConnectionPool | undefined;
   readonly #revokedListeners: ((partitions: TopicPartition[]) => void)[] = [];
   #iterating = false;
   #joins = 0;
@@ -306,15 +317,13 @@ class GroupConsumer implements KafkaConsumer {
       // under the new generation: such a commit is of messages done, which
       // can only move the new owner's offset over work done, or back.)
       const owned = this.#owned;
-      const mine = owned
-        ? offsets.filter((o) => owned.has(partitionKey(o.topic, o.partition)))
-        : offsets;
-      if (mine.length === 0) return;
-      const request = { offsets: mine.map((o) => ({ ...o, leaderEpoch: -1 })) };
+      const member = this.#member;
       const client = this.#client;
-      if (client) {
+      if (owned && member && client) {
+        const mine = offsets.filter((o) => owned.has(partitionKey(o.topic, o.partition)));
+        if (mine.length === 0) return;
         try {
-          await client.commit(request);
+          await this.#commitAs(client, member, mine);
           return;
         } catch (error) {
           if (this.#stop.signal.aborted) throw error;
@@ -325,6 +334,75 @@ class GroupConsumer implements KafkaConsumer {
         Math.max(50, backoffWithJitter(attempt, RETRY_BASE, RETRY_CAP)),
         this.#stop.signal,
       );
+    }
+  }
+
+  /**
+   * One OffsetCommit request as `member`, to the group's coordinator. Not
+   * `client.commit()`: on a generation error the library joins the group
+   * again and sends the same offsets under the new generation, whatever the
+   * new assignment says (seen in chaos runs: a relay's late commit moved a
+   * partition's offset back after its new owner had committed past it, and
+   * the messages in between were never read again).
+   */
+  async #commitAs(
+    client: Consumer<string, Buffer, string, string>,
+    member: { generationId: number; memberId: string },
+    offsets: TopicPartitionOffset[],
+  ): Promise<void> {
+    const requestTimeout = this.#opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT;
+    const work = (async () => {
+      const coordinator = await client.findGroupCoordinator();
+      const metadata = await client.metadata({ topics: this.#subscribed });
+      const broker = metadata.brokers.get(coordinator);
+      if (!broker) {
+        throw new Error(`the group coordinator (node ${coordinator}) is not in the metadata`);
+      }
+      this.#commitPool ??= new ConnectionPool(`${this.#opts.clientId}-commits`, {
+        connectTimeout: this.#opts.connectTimeoutMs,
+        requestTimeout,
+      });
+      const connection = await this.#commitPool.get(broker);
+      const topics = new Map<
+        string,
+        {
+          name: string;
+          partitions: {
+            partitionIndex: number;
+            committedOffset: bigint;
+            committedLeaderEpoch: number;
+          }[];
+        }
+      >();
+      for (const o of offsets) {
+        let topic = topics.get(o.topic);
+        if (!topic) topics.set(o.topic, topic = { name: o.topic, partitions: [] });
+        topic.partitions.push({
+          partitionIndex: o.partition,
+          committedOffset: o.offset,
+          committedLeaderEpoch: -1,
+        });
+      }
+      await offsetCommitV8.api.async(
+        connection,
+        this.#opts.groupId,
+        member.generationId,
+        member.memberId,
+        null,
+        [...topics.values()],
+      );
+    })();
+    // Each step is bounded by the request timeout; together they must be too.
+    const done = await settleWithin(work, 3 * requestTimeout, this.#stop.signal)
+      .catch((error) => ({ error }));
+    if (done === "stopped") throw new Error("kafka consumer is closed");
+    if (done === "timed-out" || "error" in done) {
+      // The next attempt connects afresh: a connection to a broker that went
+      // away is not always noticed by the pool.
+      const pool = this.#commitPool;
+      this.#commitPool = undefined;
+      void pool?.close().catch(() => {});
+      throw done === "timed-out" ? new Error("the commit did not finish in time") : done.error;
     }
   }
 
@@ -364,6 +442,7 @@ class GroupConsumer implements KafkaConsumer {
       await this.#running.catch(() => {});
       await this.#dropClient(false);
       await this.#lister?.close().catch(() => {});
+      await this.#commitPool?.close().catch(() => {});
     })();
     return this.#closing;
   }
@@ -499,11 +578,17 @@ class GroupConsumer implements KafkaConsumer {
     // Ours are the first listeners (the library's streams register theirs
     // when created): the assignment is known here before anything of a new
     // one is fetched.
-    client.on("consumer:group:join", (event: { assignments?: GroupAssignment[] }) => {
-      if (client !== this.#client) return;
-      this.#joins++;
-      this.#assigned(event.assignments ?? []);
-    });
+    client.on(
+      "consumer:group:join",
+      (event: { generationId?: number; memberId?: string; assignments?: GroupAssignment[] }) => {
+        if (client !== this.#client) return;
+        this.#joins++;
+        this.#member = event.generationId !== undefined && event.memberId
+          ? { generationId: event.generationId, memberId: event.memberId }
+          : undefined;
+        this.#assigned(event.assignments ?? []);
+      },
+    );
     client.on("consumer:group:leave", () => {
       if (client === this.#client) this.#assigned([]);
     });
@@ -517,6 +602,7 @@ class GroupConsumer implements KafkaConsumer {
 
   /** Records the group's new assignment to this member and reports what it took away. */
   #assigned(assignments: GroupAssignment[]): void {
+    if (assignments.length === 0) this.#member = undefined;
     const now = new Map<string, TopicPartition>();
     for (const { topic, partitions } of assignments) {
       for (const partition of partitions) {

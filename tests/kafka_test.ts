@@ -46,6 +46,59 @@ function groupMember(groupId: string, topic: string): KafkaConsumer {
   });
 }
 
+/** A group member in a process of its own (tests/support/group_member.ts), to freeze. */
+interface MemberProcess {
+  pid: number;
+  /** Its stdout so far, line by line. */
+  out: string[];
+  /** Writes one line to its stdin. */
+  send(line: string): Promise<void>;
+  kill(): Promise<void>;
+}
+
+function memberProcess(groupId: string, topic: string, sessionMs: number): MemberProcess {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "--allow-net",
+      "--allow-env",
+      "--allow-read",
+      new URL("./support/group_member.ts", import.meta.url).pathname,
+      BROKERS.join(","),
+      groupId,
+      topic,
+      String(sessionMs),
+    ],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const out: string[] = [];
+  const stdin = child.stdin.getWriter();
+  const reading = (async () => {
+    let pending = "";
+    for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+      pending += chunk;
+      const lines = pending.split("\n");
+      pending = lines.pop()!;
+      out.push(...lines);
+    }
+  })();
+  return {
+    pid: child.pid,
+    out,
+    send: (line) => stdin.write(new TextEncoder().encode(`${line}\n`)),
+    async kill() {
+      try {
+        Deno.kill(child.pid, "SIGKILL");
+      } catch { /* exited already */ }
+      await child.status;
+      await stdin.close().catch(() => {});
+      await reading.catch(() => {});
+    },
+  };
+}
+
 async function withAdmin<T>(fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {
   const admin = createAdmin({ brokers: BROKERS, clientId: "poimen-test" });
   try {
@@ -408,6 +461,54 @@ Deno.test(
 );
 
 Deno.test(
+  "kafka: a commit from a member the group moved on from is refused, not sent again under a new generation",
+  { sanitizeOps: false, sanitizeResources: false },
+  async () => {
+    const topic = `test.stalecommit.${suffix()}`;
+    const groupId = `test-${suffix()}`;
+    await withAdmin(async (admin) => {
+      await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
+      const committedAt = async (partition: number) =>
+        (await admin.committedOffsets(groupId, [topic])).find((o) => o.partition === partition)
+          ?.offset;
+      // Frozen while it owns both partitions, the first member is dropped by
+      // the group after its session (6 s), which gives both to the second.
+      const first = memberProcess(groupId, topic, 6 * SECOND);
+      let second: MemberProcess | undefined;
+      try {
+        await waitFor("the first member owns both", () => first.out.includes("assigned 0,1"));
+        Deno.kill(first.pid, "SIGSTOP");
+        const other = second = memberProcess(groupId, topic, 120 * SECOND);
+        await waitFor(
+          "the second member owns both",
+          () => other.out.includes("assigned 0,1"),
+          60 * SECOND,
+        );
+        await other.send("commit 1 10");
+        await waitFor("the second member's commit", () => other.out.includes("committed"));
+        assert.equal(await committedAt(1), 10n);
+        // Frozen too, the second member holds any rejoin for two minutes: the
+        // first one, thawed, still believes it owns partition 1 meanwhile, and
+        // commits what it did before it was dropped.
+        Deno.kill(other.pid, "SIGSTOP");
+        await first.send("commit 1 3");
+        Deno.kill(first.pid, "SIGCONT");
+        await waitFor(
+          "the late commit refused",
+          () => first.out.some((l) => l.includes("kafka commit failed")),
+        );
+        assert.equal(await committedAt(1), 10n);
+        assert.ok(!first.out.includes("committed"));
+      } finally {
+        await first.kill();
+        await second?.kill();
+        await admin.deleteTopics([topic]);
+      }
+    });
+  },
+);
+
+Deno.test(
   "kafka: an idle consumer keeps fetching and is never taken for a stalled one",
   { sanitizeOps: false, sanitizeResources: false },
   async () => {
@@ -513,30 +614,10 @@ Deno.test(
       await admin.createTopics([{ name: topic, partitions: 2, replicationFactor: 1 }]);
       // A member whose session outlasts the test: frozen, it holds every
       // other member's join until the coordinator gives up on it.
-      const frozen = new Deno.Command(Deno.execPath(), {
-        args: [
-          "run",
-          "--allow-net",
-          "--allow-env",
-          "--allow-read",
-          new URL("./support/group_member.ts", import.meta.url).pathname,
-          BROKERS.join(","),
-          groupId,
-          topic,
-          String(120 * SECOND),
-        ],
-        stdout: "piped",
-        stderr: "null",
-      }).spawn();
-      const lines = frozen.stdout.pipeThrough(new TextDecoderStream()).getReader();
+      const frozen = memberProcess(groupId, topic, 120 * SECOND);
       let joining: KafkaConsumer | undefined;
       try {
-        let out = "";
-        while (!out.includes("joined")) {
-          const { value, done } = await lines.read();
-          if (done) throw new Error(`the member exited before joining: ${out}`);
-          out += value;
-        }
+        await waitFor("the member joined", () => frozen.out.includes("joined"));
         Deno.kill(frozen.pid, "SIGSTOP");
         joining = createConsumer({
           brokers: BROKERS,
@@ -555,9 +636,7 @@ Deno.test(
         const closed = await within(joining.close(), 10 * SECOND);
         assert.ok(closed, "close() came back without waiting for the join");
       } finally {
-        Deno.kill(frozen.pid, "SIGKILL");
-        await frozen.status;
-        await lines.cancel().catch(() => {});
+        await frozen.kill();
         await joining?.close();
         await admin.deleteTopics([topic]);
       }
