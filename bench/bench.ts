@@ -814,7 +814,18 @@ async function relay(admin: Sql): Promise<void> {
     });
     log(`relay drain: ${(CFG.relayDrain / drained.value).toFixed(0)}/s`);
 
-    // Latency at a fixed 1,000 messages/s: 10 messages every 10 ms.
+    // Latency at a fixed 1,000 messages/s: 10 messages every 10 ms, once the
+    // outbox has shipped the drain's events (it competes for the same cores).
+    const backlogDeadline = Date.now() + 120 * SECOND;
+    while (
+      (await sql<{ n: number }[]>`
+        select count(*)::int as n from work_events where published_at is null`)[0].n > 0
+    ) {
+      if (Date.now() > backlogDeadline) {
+        throw new Error("the outbox did not ship the drain's events");
+      }
+      await delay(200);
+    }
     const live = `live-${STAMP}`;
     const sent = new Map<string, number>();
     const eventAt = new Map<string, number>();

@@ -422,7 +422,7 @@ export class Worker implements Service {
 
   async #runOne(entry: InFlight, claimedAt: number): Promise<void> {
     const { run } = entry;
-    const { id, leaseMs } = this.#opts;
+    const { leaseMs } = this.#opts;
     const log = this.#log.with({
       tenant: run.tenant_id,
       run_id: run.run_id,
