@@ -312,10 +312,9 @@ class GroupConsumer implements KafkaConsumer {
   async commit(offsets: TopicPartitionOffset[]): Promise<void> {
     for (let attempt = 0;; attempt++) {
       if (this.#stop.signal.aborted) throw new Error("kafka consumer is closed");
-      // Re-checked on every attempt: a retry may come after a rebalance.
-      // (Inside one attempt the library itself may rejoin and commit again
-      // under the new generation: such a commit is of messages done, which
-      // can only move the new owner's offset over work done, or back.)
+      // Re-checked on every attempt: a retry may come after a rebalance, and
+      // is sent under the generation that assigned what it commits. Before
+      // the first join (or after the membership was lost) nothing is owned.
       const owned = this.#owned;
       const member = this.#member;
       const client = this.#client;
@@ -358,6 +357,8 @@ class GroupConsumer implements KafkaConsumer {
       if (!broker) {
         throw new Error(`the group coordinator (node ${coordinator}) is not in the metadata`);
       }
+      // close() closes the pool it finds; none is opened after it.
+      if (this.#stop.signal.aborted) throw new Error("kafka consumer is closed");
       this.#commitPool ??= new ConnectionPool(`${this.#opts.clientId}-commits`, {
         connectTimeout: this.#opts.connectTimeoutMs,
         requestTimeout,
@@ -395,15 +396,14 @@ class GroupConsumer implements KafkaConsumer {
     // Each step is bounded by the request timeout; together they must be too.
     const done = await settleWithin(work, 3 * requestTimeout, this.#stop.signal)
       .catch((error) => ({ error }));
+    if (typeof done === "object" && "value" in done) return;
+    // The next attempt connects afresh: a connection to a broker that went
+    // away is not always noticed by the pool.
+    const pool = this.#commitPool;
+    this.#commitPool = undefined;
+    void pool?.close().catch(() => {});
     if (done === "stopped") throw new Error("kafka consumer is closed");
-    if (done === "timed-out" || "error" in done) {
-      // The next attempt connects afresh: a connection to a broker that went
-      // away is not always noticed by the pool.
-      const pool = this.#commitPool;
-      this.#commitPool = undefined;
-      void pool?.close().catch(() => {});
-      throw done === "timed-out" ? new Error("the commit did not finish in time") : done.error;
-    }
+    throw done === "timed-out" ? new Error("the commit did not finish in time") : done.error;
   }
 
   [Symbol.asyncIterator](): AsyncIterator<ConsumedMessage> {
