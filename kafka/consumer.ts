@@ -342,7 +342,8 @@ class GroupConsumer implements KafkaConsumer {
    * again and sends the same offsets under the new generation, whatever the
    * new assignment says (seen in chaos runs: a relay's late commit moved a
    * partition's offset back after its new owner had committed past it, and
-   * the messages in between were never read again).
+   * the messages in between were never read again). OffsetCommit v8 needs
+   * Kafka 2.4 or later (Kafka 4 serves v2 to v9).
    */
   async #commitAs(
     client: Consumer<string, Buffer, string, string>,
