@@ -365,17 +365,7 @@ class GroupConsumer implements KafkaConsumer {
         requestTimeout,
       });
       const connection = await this.#commitPool.get(broker);
-      const topics = new Map<
-        string,
-        {
-          name: string;
-          partitions: {
-            partitionIndex: number;
-            committedOffset: bigint;
-            committedLeaderEpoch: number;
-          }[];
-        }
-      >();
+      const topics = new Map<string, offsetCommitV8.OffsetCommitRequestTopic>();
       for (const o of offsets) {
         let topic = topics.get(o.topic);
         if (!topic) topics.set(o.topic, topic = { name: o.topic, partitions: [] });
