@@ -134,8 +134,11 @@ export async function claimRuns(
   return await sql<ClaimedRun[]>`
     with recursive ${sql.unsafe(QUEUED_TENANTS)},
     -- Runs in flight per tenant: the running partial index, as long as the
-    -- fleet's concurrency, not the table.
-    in_flight as (
+    -- fleet's concurrency plus the entries of runs that left it since the
+    -- last vacuum (a bitmap scan reads those again every time). Materialized,
+    -- so it is read at most once, and only when it is needed: when more than
+    -- one tenant has due runs (one tenant alone gets every slot).
+    in_flight as materialized (
       select tenant_id collate "C" as tenant_id, count(*) as running
         from runs
        where status = 'running' and lease_expires_at is not null
@@ -144,8 +147,12 @@ export async function claimRuns(
     -- First in line: the tenants with the fewest runs in flight, then the
     -- longest waiting. No more of them than there are slots.
     served as (
-      select h.tenant_id, h.run_after, coalesce(f.running, 0) as running
-        from heads h left join in_flight f on f.tenant_id = h.tenant_id
+      select h.tenant_id, h.run_after,
+             case when (select count(*) from heads) > 1
+                  then coalesce((select f.running from in_flight f
+                                  where f.tenant_id = h.tenant_id), 0)
+                  else 0 end as running
+        from heads h
        order by 3, 2, 1
        limit ${limit}
     ),

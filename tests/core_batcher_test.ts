@@ -73,6 +73,36 @@ Deno.test("batcher: the first item flushes at once, alone, with no timer to wait
   assert.equal(batcher.pending, 0);
 });
 
+Deno.test("batcher: with gatherTurn, items submitted in one turn of the event loop share one flush", async () => {
+  const h = heldFlush<number, number>();
+  const sizes: number[] = [];
+  const batcher = new Batcher(h.flush, {
+    maxBatch: 10,
+    maxConcurrent: 2,
+    gatherTurn: true,
+    onFlush: (n) => sizes.push(n),
+  });
+  // Callers resuming in the same turn, some after a few awaits of their own
+  // (like runs a worker claimed together, each finishing its handler).
+  const results = [1, 2, 3, 4].map(async (n) => {
+    for (let i = 0; i < n * 3; i++) await Promise.resolve();
+    return await batcher.submit(n);
+  });
+  await settle();
+  assert.equal(h.calls.length, 0, "nothing flushes in the turn the items were submitted");
+
+  const only = await h.next();
+  assert.deepEqual(only.items, [1, 2, 3, 4], "one flush, though a second slot was free");
+  only.finish(double(only.items));
+  assert.deepEqual(await Promise.all(results), [2, 4, 6, 8]);
+  assert.deepEqual(sizes, [4]);
+
+  // A later turn's item gets a flush of its own, and is not left waiting.
+  const later = batcher.submit(5);
+  (await h.next()).finish([10]);
+  assert.equal(await later, 10);
+});
+
 Deno.test("batcher: items arriving while a flush is in flight coalesce into the next one", async () => {
   const h = heldFlush<number, number>();
   const sizes: number[] = [];

@@ -708,3 +708,61 @@ Deno.test("queue cancel: a handler that ignores its aborted signal and returns a
     await db.drop();
   }
 });
+
+Deno.test("queue: a finishing write stuck on a row lock frees the handler's slot: the worker claims and finishes other runs meanwhile", async () => {
+  // `gate@1` returns when the test opens its gate: the test decides when a
+  // handler ends.
+  const gates = new Map<number, () => void>();
+  const opened = new Map<number, Promise<void>>();
+  for (const id of [1, 2]) opened.set(id, new Promise<void>((r) => gates.set(id, r)));
+  const registry = builtinRegistry().register({
+    name: "gate",
+    version: 1,
+    input: z.object({ id: z.number() }),
+    handler: async ({ id }) => {
+      await opened.get(id);
+      return { id };
+    },
+  });
+  const { db, admit } = await setup(registry);
+  const w = worker(db.sql, { concurrency: 2 }, registry);
+  let unlock = () => {};
+  const unlocked = new Promise<void>((r) => unlock = r);
+  let holder: Promise<unknown> = Promise.resolve();
+  try {
+    await w.start();
+    const gated = [await admit("gate", { id: 1 }), await admit("gate", { id: 2 })];
+    for (const id of gated) await waitFor("gated run running", statusIs(db.sql, id, "running"));
+    // Both slots are taken. Lock both rows: their completion will wait on it.
+    let locked = false;
+    holder = db.sql.begin(async (tx) => {
+      await tx`select 1 from runs where tenant_id = ${TENANT} and run_id in ${
+        tx(gated)
+      } for update`;
+      locked = true;
+      await unlocked;
+    });
+    await waitFor("rows locked", () => locked);
+    for (const open of gates.values()) open();
+
+    const others = [await admit("echo", { n: 1 }), await admit("echo", { n: 2 })];
+    for (const id of others) {
+      await waitFor("a later run succeeded", statusIs(db.sql, id, "succeeded"), 10_000);
+    }
+    for (const id of gated) {
+      assert.equal((await runRow(db.sql, id)).status, "running", "its completion still waits");
+    }
+
+    unlock();
+    await holder;
+    for (const id of gated) {
+      const row = await waitFor("gated run succeeded", statusIs(db.sql, id, "succeeded"));
+      assert.equal(row.attempts, 1);
+    }
+  } finally {
+    unlock();
+    await holder;
+    await w.stop();
+    await db.drop();
+  }
+});

@@ -3,6 +3,10 @@
  * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
  * at once, keeps their leases alive with heartbeats, and finishes each one:
  * `succeeded`, retried with backoff, or `failed` after its last attempt.
+ * A run whose handler returned gives its slot to the next claim while its
+ * outcome is written (completions of runs that end together share one
+ * statement), so claiming overlaps those writes; at most `concurrency` more
+ * runs wait for such a write before claiming stops.
  * A cancel requested of a running run (POST /v1/runs/{id}/cancel) reaches
  * the worker through its heartbeat, which reads the request from the row
  * (a NOTIFY on `poimen_cancel` only makes it beat at once): the handler's
@@ -75,6 +79,11 @@ export interface WorkerHooks {
 export interface WorkerOptions {
   /** Written as `lease_owner`: unique per process. */
   id: string;
+  /**
+   * Most handlers running at once. A run whose handler returned keeps its
+   * lease until its outcome is written; up to this many such runs may be
+   * waiting for that write, so a worker holds at most twice this many leases.
+   */
   concurrency: number;
   leaseMs: number;
   pollMs: number;
@@ -142,6 +151,8 @@ export class Worker implements Service {
     & { hooks: WorkerHooks };
   readonly #log: Logger;
   readonly #inFlight = new Map<string, InFlight>();
+  /** Runs in `#inFlight` whose handler has not settled yet. */
+  #handlers = 0;
   readonly #stopping = new AbortController();
   readonly #loops: Promise<void>[] = [];
   readonly #notify: () => void;
@@ -171,7 +182,7 @@ export class Worker implements Service {
     // (group commit): short runs would otherwise pay a WAL flush each.
     this.#completions = new Batcher(
       (batch) => completeRuns(sql, opts.id, batch),
-      { maxBatch: COMPLETION_BATCH, maxConcurrent: COMPLETION_FLUSHES },
+      { maxBatch: COMPLETION_BATCH, maxConcurrent: COMPLETION_FLUSHES, gatherTurn: true },
       // A batch that failed for the database's sake is retried by each
       // caller's own #write; bisecting it would only fail it again.
       (err) => !isUnavailable(err),
@@ -270,8 +281,13 @@ export class Worker implements Service {
     const minClaim = Math.max(1, Math.floor(concurrency / 4));
     let coalescingSince: number | undefined;
     while (!this.#stopping.signal.aborted) {
-      const free = concurrency - this.#inFlight.size;
-      if (free > 0 && free < minClaim && this.#inFlight.size > 0) {
+      // At most `concurrency` handlers, and as many runs again whose outcome
+      // is being written: a slow database bounds how many finish in memory.
+      const free = Math.min(
+        concurrency - this.#handlers,
+        2 * concurrency - this.#inFlight.size,
+      );
+      if (free > 0 && free < minClaim && this.#handlers > 0) {
         coalescingSince ??= Date.now();
         const left = coalescingSince + CLAIM_COALESCE_MS - Date.now();
         if (left > 0) {
@@ -405,6 +421,7 @@ export class Worker implements Service {
       finished: Promise.resolve(),
     };
     this.#inFlight.set(key, entry);
+    this.#handlers++;
     entry.finished = this.#runOne(entry, claimedAt)
       .catch((err) => {
         this.#log.error("run bookkeeping failed", {
@@ -414,10 +431,23 @@ export class Worker implements Service {
         });
       })
       .finally(() => {
+        this.#settle(entry);
         entry.done.abort();
         this.#inFlight.delete(key);
         this.#wake();
       });
+  }
+
+  /**
+   * The handler is done: its slot is free for the next claim while its
+   * outcome is written, so claiming overlaps the finishing writes instead of
+   * waiting for them.
+   */
+  #settle(entry: InFlight): void {
+    if (entry.settled) return;
+    entry.settled = true;
+    this.#handlers--;
+    this.#wake();
   }
 
   async #runOne(entry: InFlight, claimedAt: number): Promise<void> {
@@ -434,8 +464,12 @@ export class Worker implements Service {
     const beat = this.#heartbeatLoop(entry, lease, log);
     try {
       log.debug("run started", { workflow: `${run.workflow_name}@${run.workflow_version}` });
-      const outcome = await this.#attempt(entry, log);
-      entry.settled = true;
+      let outcome: AttemptResult;
+      try {
+        outcome = await this.#attempt(entry, log);
+      } finally {
+        this.#settle(entry);
+      }
       if (entry.abandoned) return; // stop() releases it
       if (entry.lost) {
         log.warn("lease lost; result discarded", { ok: outcome.ok });
