@@ -12,6 +12,7 @@ import type { Admission } from "../admission/admit.ts";
 import { HEADERS } from "../contracts/runs.ts";
 import { type Authenticator, type Principal } from "./auth.ts";
 import type { ApiMetrics } from "./metrics.ts";
+import type { BodyBudget } from "./body_budget.ts";
 import { problemResponse } from "./problem.ts";
 import { runsRoutes } from "./runs.ts";
 import { openApiDocument } from "./openapi.ts";
@@ -29,6 +30,8 @@ export interface AppDeps {
   metrics: ApiMetrics;
   log: Logger;
   bodyLimit: number;
+  /** Bounds the request bodies held at once (api/body_budget.ts). */
+  bodyBudget?: { bytes: BodyBudget; waitMs: number };
   /** The console's script and stylesheet (`loadConsoleAssets`). */
   consoleAssets: ConsoleAssets;
 }

@@ -10,6 +10,13 @@ export const ApiEnv = z.object({
   HOST: z.string().min(1).default("127.0.0.1"),
   /** Request body limit in bytes (default 1 MiB). */
   BODY_LIMIT_BYTES: positiveInt(1024 * 1024),
+  /**
+   * Request bodies held at once, in bytes (default 4 MiB): from reading to
+   * the response. It bounds the heap, which the api task caps. A request that
+   * waits for its share longer than BODY_BUDGET_WAIT_MS gets a 503 (busy).
+   */
+  BODY_BUDGET_BYTES: positiveInt(4 * 1024 * 1024),
+  BODY_BUDGET_WAIT_MS: millis(5 * SECOND),
   /** How long a verified token is trusted without asking the database again. */
   AUTH_CACHE_MS: millis(30 * SECOND),
   /** Most admissions coalesced into one statement. */

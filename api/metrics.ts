@@ -1,5 +1,6 @@
 /** The API's Prometheus metrics, on a registry of its own (never prom-client's global one). */
 import client from "prom-client";
+import type { BodyBudget } from "./body_budget.ts";
 
 export type ApiMetrics = ReturnType<typeof createApiMetrics>;
 
@@ -80,6 +81,26 @@ export function createApiMetrics(registry: client.Registry) {
   }>();
   return {
     ...m,
+    /** Exports `budget`'s bytes held and requests waiting; returns it. */
+    watchBodyBudget(budget: BodyBudget): BodyBudget {
+      new client.Gauge({
+        name: "poimen_request_body_budget_bytes_held",
+        help: "Bytes of request bodies held now, of BODY_BUDGET_BYTES",
+        registers,
+        collect() {
+          this.set(budget.total - budget.free);
+        },
+      });
+      new client.Gauge({
+        name: "poimen_request_body_budget_waiting",
+        help: "Requests waiting for their share of BODY_BUDGET_BYTES",
+        registers,
+        collect() {
+          this.set(budget.waiting);
+        },
+      });
+      return budget;
+    },
     /** One HTTP request answered: counted and timed. */
     observeRequest(method: string, route: string, status: number, caller: string, seconds: number) {
       const key = `${method} ${route} ${status} ${caller}`;

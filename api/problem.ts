@@ -31,7 +31,9 @@ export function problemResponse(c: Context, err: unknown, log: Logger): Response
     errors: pe.errors,
   };
   const headers: Record<string, string> = { "content-type": "application/problem+json" };
-  if (pe.code === "database-unavailable") headers["retry-after"] = String(RETRY_AFTER_SECONDS);
+  if (pe.code === "database-unavailable" || pe.code === "busy") {
+    headers["retry-after"] = String(RETRY_AFTER_SECONDS);
+  }
   if (pe.code === "unauthorized") headers["www-authenticate"] = 'Bearer realm="poimen"';
   return new Response(JSON.stringify(body), { status: pe.status, headers });
 }

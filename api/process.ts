@@ -15,6 +15,7 @@ import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
 import { Authenticator } from "./auth.ts";
 import { createApiMetrics } from "./metrics.ts";
+import { BodyBudget } from "./body_budget.ts";
 import { loadConsoleAssets } from "./console/assets.ts";
 
 const COMMAND = {
@@ -64,6 +65,10 @@ export async function main(args: string[]): Promise<number> {
     metrics,
     log,
     bodyLimit: config.BODY_LIMIT_BYTES,
+    bodyBudget: {
+      bytes: metrics.watchBodyBudget(new BodyBudget(config.BODY_BUDGET_BYTES)),
+      waitMs: config.BODY_BUDGET_WAIT_MS,
+    },
     consoleAssets: await loadConsoleAssets(),
   });
 

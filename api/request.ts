@@ -4,6 +4,7 @@ import { bodyLimit } from "hono/body-limit";
 import type { z } from "zod";
 import { type FieldError, PoimenError } from "../core/errors.ts";
 import { formatPath } from "../contracts/runs.ts";
+import type { BodyBudget } from "./body_budget.ts";
 
 /**
  * Refuses a body that is not JSON by its content type (415): the type must be
@@ -27,16 +28,22 @@ export const requireJson: MiddlewareHandler = async (c, next) => {
 /**
  * hono's `bodyLimit`, refusing with our 413 problem: by Content-Length when
  * there is one, otherwise while it reads the streamed body (it stops at the
- * limit and never buffers more).
+ * limit and never buffers more). With a `budget`, the request first takes
+ * its Content-Length (or, streamed, the whole limit) from it and holds it
+ * until its response is ready; one that cannot get it within
+ * `budget.waitMs` is refused with a retryable 503 (`busy`).
  */
-export function limitBody(maxSize: number): MiddlewareHandler {
+export function limitBody(
+  maxSize: number,
+  budget?: { bytes: BodyBudget; waitMs: number },
+): MiddlewareHandler {
   const limit = bodyLimit({
     maxSize,
     onError: () => {
       throw new PoimenError("body-too-large", `the body exceeds ${maxSize} bytes`);
     },
   });
-  return async (c, next) => {
+  const limited: MiddlewareHandler = async (c, next) => {
     // Without a Content-Length, bodyLimit reads the stream itself: a stream
     // that breaks off fails there, before any handler, and is the client's
     // doing (400, worth resending), not a 500. Errors after next() are the
@@ -50,6 +57,19 @@ export function limitBody(maxSize: number): MiddlewareHandler {
     } catch (err) {
       if (downstream || err instanceof PoimenError) throw err;
       throw unreadable(err);
+    }
+  };
+  if (!budget) return limited;
+  return async (c, next) => {
+    const declared = Number(c.req.header("content-length") ?? NaN);
+    // Over the limit by its own account: refused at once, nothing to hold.
+    if (declared > maxSize) return await limited(c, next);
+    const bytes = Number.isInteger(declared) && declared >= 0 ? declared : maxSize;
+    const release = await budget.bytes.acquire(bytes, budget.waitMs);
+    try {
+      await limited(c, next);
+    } finally {
+      release();
     }
   };
 }

@@ -26,6 +26,7 @@ import {
 import type { ApiEnv } from "./app.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
+import type { BodyBudget } from "./body_budget.ts";
 
 export interface RunsDeps {
   sql: Sql;
@@ -33,6 +34,8 @@ export interface RunsDeps {
   metrics: ApiMetrics;
   log: Logger;
   bodyLimit: number;
+  /** Bounds the bodies held at once (see api/body_budget.ts); none in tests that do not say. */
+  bodyBudget?: { bytes: BodyBudget; waitMs: number };
 }
 
 /** A run row as JSON. */
@@ -137,31 +140,37 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     metrics.observeAdmission(outcome, (performance.now() - started) / 1000);
   };
 
-  app.post("/", admissionMetrics, requireJson, limitBody(deps.bodyLimit), async (c) => {
-    const body = parseWith(RunRequest, await parseJsonBody(c));
-    const principal = c.get("principal");
-    // Only a service token (the relay) may say where a request came from.
-    const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
-    const source = claimed === undefined
-      ? `http:${principal.name}`
-      : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
-    const result = await admission.admit(body, {
-      tenantId: principal.tenantId,
-      source,
-      entry: "http",
-    });
-    const run = toRun(result.run);
-    if (result.created) {
-      c.header("Location", `/v1/runs/${run.run_id}`);
-      return c.json(run, 201);
-    }
-    c.header(HEADERS.replayed, "true");
-    if (!result.sameBody) {
-      metrics.replayBodyMismatch.inc();
-      c.header(HEADERS.bodyMismatch, "true");
-    }
-    return c.json(run, 200);
-  });
+  app.post(
+    "/",
+    admissionMetrics,
+    requireJson,
+    limitBody(deps.bodyLimit, deps.bodyBudget),
+    async (c) => {
+      const body = parseWith(RunRequest, await parseJsonBody(c));
+      const principal = c.get("principal");
+      // Only a service token (the relay) may say where a request came from.
+      const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
+      const source = claimed === undefined
+        ? `http:${principal.name}`
+        : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
+      const result = await admission.admit(body, {
+        tenantId: principal.tenantId,
+        source,
+        entry: "http",
+      });
+      const run = toRun(result.run);
+      if (result.created) {
+        c.header("Location", `/v1/runs/${run.run_id}`);
+        return c.json(run, 201);
+      }
+      c.header(HEADERS.replayed, "true");
+      if (!result.sameBody) {
+        metrics.replayBodyMismatch.inc();
+        c.header(HEADERS.bodyMismatch, "true");
+      }
+      return c.json(run, 200);
+    },
+  );
 
   app.get("/:run_id", async (c) => {
     const runId = c.req.param("run_id");

@@ -40,6 +40,8 @@ export const ERRORS = {
   "body-unreadable": { status: 400, title: "Request body could not be read", retryable: true },
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
+  /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
+  busy: { status: 503, title: "Server busy", retryable: true },
   config: { status: 500, title: "Invalid configuration", retryable: false },
   /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
   "bad-result": { status: 500, title: "Workflow result is not JSON", retryable: false },

@@ -5,13 +5,14 @@
  */
 import assert from "node:assert/strict";
 import client from "prom-client";
-import { freshDatabase, type TestDatabase } from "./support/db.ts";
+import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { sampleValue } from "./support/processes.ts";
 import { silentLogger } from "../core/log.ts";
 import { type ErrorCode, ERRORS, PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { createApp } from "../api/app.ts";
+import { BodyBudget } from "../api/body_budget.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
@@ -515,6 +516,71 @@ CASES.push(["health, readiness, metrics and the OpenAPI document", async (_t) =>
   assert.deepEqual(doc.components.schemas.RunRequest.required, ["workflow_ref"]);
   assert.ok(doc.paths["/v1/runs"].post.responses["201"]);
 }]);
+
+CASES.push([
+  "bodies beyond BODY_BUDGET_BYTES wait, then get a 503 busy with Retry-After; nothing is lost",
+  async () => {
+    const budget = new BodyBudget(4096);
+    const budgetApp = createApp({
+      sql,
+      admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
+      auth: new Authenticator(sql, 30_000),
+      metrics: createApiMetrics(new client.Registry()),
+      log: silentLogger,
+      bodyLimit: 4096,
+      bodyBudget: { bytes: budget, waitMs: 100 },
+      consoleAssets,
+    });
+    const post = (body: BodyInit, headers: Record<string, string> = {}) =>
+      budgetApp.request("/v1/runs", {
+        method: "POST",
+        body,
+        headers: {
+          authorization: `Bearer ${acme}`,
+          "content-type": "application/json",
+          ...headers,
+        },
+      });
+    // A client that declares the whole budget and is slow to send it.
+    const shell = JSON.stringify({ workflow_ref: "echo", input: { pad: "" } });
+    const text = JSON.stringify({
+      workflow_ref: "echo",
+      input: { pad: "x".repeat(4096 - shell.length) },
+    });
+    const bytes = new TextEncoder().encode(text);
+    let finish = () => {};
+    const slow = post(
+      new ReadableStream<Uint8Array>({
+        start(ctl) {
+          ctl.enqueue(bytes.slice(0, 10));
+          finish = () => {
+            ctl.enqueue(bytes.slice(10));
+            ctl.close();
+          };
+        },
+      }),
+      { "content-length": String(bytes.byteLength) },
+    );
+    await waitFor("the slow request holds the whole budget", () => budget.free === 0, 5_000, 5);
+    const busy = await refused(
+      () => post(JSON.stringify({ workflow_ref: "echo", input: { n: 1 } })),
+      503,
+      "busy",
+    );
+    assert.equal(busy.retryable, true);
+    const again = await post(JSON.stringify({ workflow_ref: "echo", input: { n: 1 } }));
+    assert.equal(again.headers.get("retry-after"), "1");
+    await again.body?.cancel();
+    // The slow body arrives: it is admitted, and its bytes are given back.
+    finish();
+    const first = await slow;
+    assert.equal(first.status, 201, await first.clone().text());
+    await first.body?.cancel();
+    const after = await post(JSON.stringify({ workflow_ref: "echo", input: { n: 2 } }));
+    assert.equal(after.status, 201);
+    await after.body?.cancel();
+  },
+]);
 
 CASES.push(["a database outage is a 503 with Retry-After", async (_t) => {
   // A pool pointing at a port where no Postgres listens.

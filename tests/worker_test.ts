@@ -203,12 +203,13 @@ Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SI
   const procs: Deno.ChildProcess[] = [];
   try {
     await Promise.all(Array.from({ length: 200 }, (_, i) => admit("echo", { i })));
-    const metricsPort = freePort();
+    const ports = [freePort(), freePort(), freePort()];
+    const metricsPort = ports[0];
     for (let i = 0; i < 3; i++) {
       procs.push(spawnWorker(db.url, {
         WORKER_ID: `proc-${i}`,
         WORKER_CONCURRENCY: "8",
-        ...(i === 0 ? { WORKER_METRICS_PORT: String(metricsPort) } : {}),
+        WORKER_METRICS_PORT: String(ports[i]),
       }));
     }
     await waitFor(
@@ -235,6 +236,15 @@ Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SI
     assert.match(metrics, /^poimen_runs\{status="running"\} 0$/m);
     assert.match(metrics, /^poimen_queue_oldest_due_age_seconds 0$/m);
     assert.match(metrics, /^poimen_worker_claims_total \d+$/m);
+    // Two fast workers can finish all 200 before the third is up: a SIGTERM
+    // before a process handles it is not what this test is about.
+    for (const port of ports) {
+      await waitFor("worker ready", async () => {
+        const res = await fetch(`http://127.0.0.1:${port}/readyz`).catch(() => undefined);
+        await res?.body?.cancel();
+        return res?.ok;
+      }, 10_000);
+    }
     for (const p of procs) p.kill("SIGTERM");
     const results = await Promise.all(procs.map(exited));
     for (const r of results) assert.equal(r.code, 0, r.stderr);
