@@ -31,7 +31,7 @@ export interface AppDeps {
   log: Logger;
   bodyLimit: number;
   /** Bounds the request bodies held at once (api/body_budget.ts). */
-  bodyBudget?: { bytes: BodyBudget; waitMs: number };
+  bodyBudget?: { bytes: BodyBudget; waitMs: number; readTimeoutMs?: number };
   /** The console's script and stylesheet (`loadConsoleAssets`). */
   consoleAssets: ConsoleAssets;
 }

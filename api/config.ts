@@ -17,6 +17,8 @@ export const ApiEnv = z.object({
    */
   BODY_BUDGET_BYTES: positiveInt(4 * 1024 * 1024),
   BODY_BUDGET_WAIT_MS: millis(5 * SECOND),
+  /** A body not all arrived within this is refused (408), giving its share of the budget back. */
+  BODY_READ_TIMEOUT_MS: millis(10 * SECOND),
   /** How long a verified token is trusted without asking the database again. */
   AUTH_CACHE_MS: millis(30 * SECOND),
   /** Most admissions coalesced into one statement. */

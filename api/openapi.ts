@@ -112,7 +112,7 @@ export const ROUTES: Route[] = [
         },
       },
     },
-    problems: [400, 401, 403, 413, 415, 422, 503],
+    problems: [400, 401, 403, 408, 413, 415, 422, 503],
   },
   {
     method: "get",

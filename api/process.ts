@@ -68,6 +68,7 @@ export async function main(args: string[]): Promise<number> {
     bodyBudget: {
       bytes: metrics.watchBodyBudget(new BodyBudget(config.BODY_BUDGET_BYTES)),
       waitMs: config.BODY_BUDGET_WAIT_MS,
+      readTimeoutMs: config.BODY_READ_TIMEOUT_MS,
     },
     consoleAssets: await loadConsoleAssets(),
   });

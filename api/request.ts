@@ -83,16 +83,32 @@ function unreadable(cause: unknown): PoimenError {
 // One decoder for every request: decode() without `stream` keeps no state between calls.
 const UTF8 = new TextDecoder("utf-8", { fatal: true });
 
-/** Reads the (already size-limited) body as JSON: 400 when empty, not UTF-8 or not JSON. */
-export async function parseJsonBody(c: Context): Promise<unknown> {
+/**
+ * Reads the (already size-limited) body as JSON: 400 when empty, not UTF-8 or
+ * not JSON; 408 when it has not all arrived within `readTimeoutMs`.
+ */
+export async function parseJsonBody(c: Context, readTimeoutMs?: number): Promise<unknown> {
   let bytes: Uint8Array;
+  let timer: ReturnType<typeof setTimeout> | undefined;
   try {
-    bytes = new Uint8Array(await c.req.arrayBuffer());
+    const read = c.req.arrayBuffer();
+    const late = readTimeoutMs === undefined ? undefined : new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        // The read goes on until the client ends or drops it; its result is ignored.
+        read.catch(() => {});
+        reject(
+          new PoimenError("body-timeout", `the body did not arrive within ${readTimeoutMs} ms`),
+        );
+      }, readTimeoutMs);
+    });
+    bytes = new Uint8Array(await (late ? Promise.race([read, late]) : read));
   } catch (err) {
     // bodyLimit's 413 surfaces here while the body streams in; anything else
     // is the stream breaking under us, which is the client's, not a 500.
     if (err instanceof PoimenError) throw err;
     throw unreadable(err);
+  } finally {
+    clearTimeout(timer);
   }
   if (bytes.byteLength === 0) throw new PoimenError("bad-json", "the body is empty");
   let text: string;

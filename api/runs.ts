@@ -35,7 +35,7 @@ export interface RunsDeps {
   log: Logger;
   bodyLimit: number;
   /** Bounds the bodies held at once (see api/body_budget.ts); none in tests that do not say. */
-  bodyBudget?: { bytes: BodyBudget; waitMs: number };
+  bodyBudget?: { bytes: BodyBudget; waitMs: number; readTimeoutMs?: number };
 }
 
 /** A run row as JSON. */
@@ -146,7 +146,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     requireJson,
     limitBody(deps.bodyLimit, deps.bodyBudget),
     async (c) => {
-      const body = parseWith(RunRequest, await parseJsonBody(c));
+      const body = parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs));
       const principal = c.get("principal");
       // Only a service token (the relay) may say where a request came from.
       const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;

@@ -38,6 +38,11 @@ export const ERRORS = {
    * broken chunked body): the client's doing, and worth sending again.
    */
   "body-unreadable": { status: 400, title: "Request body could not be read", retryable: true },
+  /**
+   * The body did not arrive within BODY_READ_TIMEOUT_MS: a slow sender must
+   * not hold its share of BODY_BUDGET_BYTES for as long as it likes.
+   */
+  "body-timeout": { status: 408, title: "Request body too slow", retryable: true },
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */

@@ -582,6 +582,47 @@ CASES.push([
   },
 ]);
 
+CASES.push([
+  "a body still arriving after BODY_READ_TIMEOUT_MS is a 408, and its share of the budget is given back",
+  async () => {
+    const budget = new BodyBudget(4096);
+    const slowApp = createApp({
+      sql,
+      admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
+      auth: new Authenticator(sql, 30_000),
+      metrics: createApiMetrics(new client.Registry()),
+      log: silentLogger,
+      bodyLimit: 4096,
+      bodyBudget: { bytes: budget, waitMs: 100, readTimeoutMs: 200 },
+      consoleAssets,
+    });
+    let stalled: ReadableStreamDefaultController<Uint8Array> | undefined;
+    const body = await refused(
+      () =>
+        slowApp.request("/v1/runs", {
+          method: "POST",
+          // Sends the first bytes of a 4 KiB body, then nothing.
+          body: new ReadableStream<Uint8Array>({
+            start(ctl) {
+              stalled = ctl;
+              ctl.enqueue(new TextEncoder().encode('{"workflow_ref":"echo",'));
+            },
+          }),
+          headers: {
+            authorization: `Bearer ${acme}`,
+            "content-type": "application/json",
+            "content-length": "4096",
+          },
+        }),
+      408,
+      "body-timeout",
+    );
+    assert.equal(body.retryable, true);
+    assert.equal(budget.free, 4096);
+    stalled?.close();
+  },
+]);
+
 CASES.push(["a database outage is a 503 with Retry-After", async (_t) => {
   // A pool pointing at a port where no Postgres listens.
   const dead = createPool({
