@@ -20,7 +20,12 @@ export interface PendingEvent {
   type: string;
   goal_id: string | null;
   dispatch_key: string | null;
-  payload: unknown;
+  /**
+   * The payload as JSON text, as Postgres prints jsonb: shipped as it is,
+   * never parsed, so a batch of large run results costs their size and not
+   * the tens of times more their parsed objects would take.
+   */
+  payload: string;
   at: Date;
 }
 
@@ -32,12 +37,16 @@ export interface ClaimedEvent extends PendingEvent {
    * overtake the parked one): the relay parks it too.
    */
   parked_seq: number | null;
+  /** The batch was full (by rows or by bytes): more may be pending. */
+  more: boolean;
 }
 
 /**
  * Locks up to `limit` pending (unpublished, not parked) events, oldest
  * first, skipping rows another process holds; returns those it may handle
- * now, ordered by (tenant, run, seq).
+ * now, ordered by (tenant, run, seq), of at most about `maxBytes` of
+ * payload: the oldest event always, then no more than keeps the sum under
+ * it (the rest stay locked by this transaction and come back next batch).
  *
  * Per-run order with several processes: a run's locked rows are returned
  * only when they are ALL of its pending rows up to the highest seq locked —
@@ -54,25 +63,39 @@ export interface ClaimedEvent extends PendingEvent {
 export async function claimPendingEvents(
   tx: TransactionSql,
   limit: number,
+  maxBytes: number,
 ): Promise<ClaimedEvent[]> {
   return await tx<ClaimedEvent[]>`
     with locked as (
-      select tenant_id, run_id, seq, event_id, type, goal_id, dispatch_key, payload, at
+      select tenant_id, run_id, seq, event_id, type, goal_id, dispatch_key,
+             payload::text as payload, at
         from work_events
        where published_at is null and parked_at is null
        order by event_id
        limit ${limit}
        for update skip locked
     ),
+    -- The bytes bound: payload bytes before each row, in claim order.
+    sized as (
+      select l.*,
+             coalesce(sum(octet_length(l.payload)) over (order by l.event_id
+                        rows between unbounded preceding and 1 preceding), 0) as before,
+             count(*) over () as locked_n
+        from locked l
+    ),
+    kept as (
+      select * from sized s where s.before = 0 or s.before + octet_length(s.payload) <= ${maxBytes}
+    ),
     -- A window rather than a join back to the CTE: the planner cannot
     -- estimate a CTE's rows and would nest-loop 500 x 500.
     held as (
-      select l.*, max(l.seq) over run as last_seq, count(*) over run as n
-        from locked l
-      window run as (partition by l.tenant_id, l.run_id)
+      select k.*, max(k.seq) over run as last_seq, count(*) over run as n,
+             count(*) over () as kept_n
+        from kept k
+      window run as (partition by k.tenant_id, k.run_id)
     )
     select h.tenant_id, h.run_id, h.seq, h.event_id, h.type, h.goal_id, h.dispatch_key,
-           h.payload, h.at, c.parked_seq
+           h.payload, h.at, c.parked_seq, (h.locked_n >= ${limit} or h.kept_n < h.locked_n) as more
       from held h
      -- Unpublished as a FILTER, not a WHERE: a WHERE would imply the pending
      -- index's predicate, and the planner could scan that whole index for

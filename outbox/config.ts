@@ -19,6 +19,8 @@ export const outboxEnvSchema = z.object({
   ...logEnv,
   /** Most events claimed, published and marked in one transaction. */
   OUTBOX_BATCH_SIZE: positiveInt(500),
+  /** Payload bytes one batch holds at most (its oldest event always goes); bounds the heap. */
+  OUTBOX_BATCH_MAX_BYTES: positiveInt(16 * 1024 * 1024),
   /** Polling interval when the last batch was not full: the fallback when no NOTIFY arrives. */
   OUTBOX_POLL_MS: z.coerce.number().int().min(1).default(200),
   /** How long published rows are kept before the purge deletes them. */

@@ -76,6 +76,7 @@ export async function main(args: string[]): Promise<number> {
     admin: createAdmin(kafkaClient),
   }, {
     batchSize: cfg.OUTBOX_BATCH_SIZE,
+    batchMaxBytes: cfg.OUTBOX_BATCH_MAX_BYTES,
     pollMs: cfg.OUTBOX_POLL_MS,
     sendTimeoutMs: cfg.OUTBOX_SEND_TIMEOUT_MS,
     retryMaxMs: cfg.OUTBOX_RETRY_MAX_MS,

@@ -75,9 +75,18 @@ export interface OutboxKafka {
   admin: KafkaAdmin;
 }
 
+/** Payload bytes of one batch when `batchMaxBytes` is not said. */
+export const DEFAULT_BATCH_MAX_BYTES = 16 * 1024 * 1024;
+
 /** Options of `OutboxRelay`. */
 export interface OutboxRelayOptions {
   batchSize: number;
+  /**
+   * Payload bytes one batch holds at most (its oldest event always goes):
+   * with payloads that are run results, 500 of them could otherwise be
+   * hundreds of MB in memory at once. 16 MiB when not said.
+   */
+  batchMaxBytes?: number;
   pollMs: number;
   sendTimeoutMs: number;
   retryMaxMs: number;
@@ -271,7 +280,11 @@ export class OutboxRelay implements Service {
     const batch = { published: false, parked: [] as Parked[] };
     const full = await this.#inPhase("database", () =>
       this.#sql.begin(async (tx) => {
-        const events = await claimPendingEvents(tx, this.#opts.batchSize);
+        const events = await claimPendingEvents(
+          tx,
+          this.#opts.batchSize,
+          this.#opts.batchMaxBytes ?? DEFAULT_BATCH_MAX_BYTES,
+        );
         if (events.length === 0) return false;
         try {
           const shippable = await this.#ensureTopics(events);
@@ -293,7 +306,7 @@ export class OutboxRelay implements Service {
           failure = error;
         }
         this.#log.debug("batch shipped", { events: events.length, published: batch.published });
-        return events.length >= this.#opts.batchSize;
+        return events[0].more;
       }));
     // Reached only when the transaction committed: a rolled-back park is no park.
     this.#reportParked(batch.parked);
@@ -537,7 +550,7 @@ export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array
   // already guarantee the shape, and a failed parse here would leave the
   // row pending forever and stall every batch behind it. The tests parse
   // what they read back.
-  const value: EventMessage = {
+  const envelope: Omit<EventMessage, "payload" | "at"> = {
     // Identity values stay far below 2^53; a number is what consumers expect.
     event_id: Number(e.event_id),
     tenant_id: e.tenant_id,
@@ -546,13 +559,17 @@ export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array
     type: e.type,
     goal_id: e.goal_id,
     dispatch_key: e.dispatch_key,
-    payload: e.payload as EventMessage["payload"],
-    at: e.at.toISOString(),
   };
+  // The payload is Postgres's own JSON text, spliced in as it is: valid JSON
+  // (jsonb holds nothing else), never parsed here.
+  const head = JSON.stringify(envelope);
+  const json = `${head.slice(0, -1)},"payload":${e.payload},"at":${
+    JSON.stringify(e.at.toISOString())
+  }}`;
   return {
     topic: eventsTopic(e.tenant_id),
     key: eventMessageKey(e.tenant_id, e.run_id),
-    value: utf8.encode(JSON.stringify(value)),
+    value: utf8.encode(json),
     headers,
   };
 }

@@ -191,7 +191,7 @@ function hotStatements(s: Sample): HotStatement[] {
     },
     {
       name: "outbox: claimPendingEvents",
-      call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500),
+      call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500, 16 << 20),
       indexes: { work_events: ["work_events_pending_idx", "work_events_pkey"] },
     },
     {

@@ -229,11 +229,11 @@ Deno.test("outbox_relay: a run is left out of a batch while another claim holds 
     await appendEvents(db.sql, tenant, [held], 2, 4);
     await db.sql.begin(async (a) => {
       // Process A: the oldest event only, i.e. seq 1 of `held`.
-      const first = await claimPendingEvents(a, 1);
+      const first = await claimPendingEvents(a, 1, 1 << 20);
       assert.deepEqual(first.map((e) => [e.run_id, e.seq]), [[held, 1]]);
       // Process B, meanwhile: seq 2-4 of `held` must wait for seq 1; `free` may go.
       await db.sql.begin(async (b) => {
-        const got = await claimPendingEvents(b, 100);
+        const got = await claimPendingEvents(b, 100, 1 << 20);
         assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[free, 1]]);
         await markPublished(b, got);
       });
@@ -241,12 +241,60 @@ Deno.test("outbox_relay: a run is left out of a batch while another claim holds 
     });
     // Once seq 1 is published, the rest of the run is shippable, in order.
     await db.sql.begin(async (b) => {
-      const got = await claimPendingEvents(b, 100);
+      const got = await claimPendingEvents(b, 100, 1 << 20);
       assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[held, 2], [held, 3], [held, 4]]);
       // And a third claim, while these are held, gets nothing of that run.
       await db.sql.begin(async (c) => {
-        assert.equal((await claimPendingEvents(c, 100)).length, 0);
+        assert.equal((await claimPendingEvents(c, 100, 1 << 20)).length, 0);
       });
+    });
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("outbox_relay: a batch holds at most maxBytes of payload, the oldest event always, the rest next time", async () => {
+  const db = await freshDatabase();
+  const tenant = newTenant();
+  try {
+    await insertTenant(db.sql, tenant);
+    const runs = await admitRuns(db.sql, tenant, 4);
+    // The run.admitted events out of the way: only the large ones below are pending.
+    await db.sql`update work_events set published_at = now() where tenant_id = ${tenant}`;
+    // One 3,000-byte payload per run, oldest first.
+    for (const run of runs) {
+      await db.sql`
+        insert into work_events (tenant_id, run_id, seq, type, payload)
+        values (${tenant}, ${run}, 2, 'run.step', jsonb_build_object('pad', repeat('x', 2988)))`;
+    }
+    const [{ len }] = await db.sql<{ len: number }[]>`
+      select octet_length(payload::text)::int as len from work_events
+       where tenant_id = ${tenant} and seq = 2 limit 1`;
+    const batches: string[][] = [];
+    const more: boolean[] = [];
+    for (;;) {
+      const got = await db.sql.begin(async (tx) => {
+        // Room for two and a half payloads: two go.
+        const batch = await claimPendingEvents(tx, 100, Math.floor(len * 2.5));
+        await markPublished(tx, batch);
+        return batch;
+      });
+      if (got.length === 0) break;
+      for (const e of got) assert.equal(e.payload.length, len, "the payload text as stored");
+      more.push(got[0].more);
+      batches.push(got.map((e) => e.run_id));
+    }
+    assert.deepEqual(batches, [runs.slice(0, 2), runs.slice(2, 4)]);
+    assert.deepEqual(more, [true, false], "the first batch was cut by bytes: more may be pending");
+    // One payload larger than the bound still goes, alone: it is never stuck.
+    await db.sql`
+      insert into work_events (tenant_id, run_id, seq, type, payload)
+      values (${tenant}, ${runs[0]}, 3, 'run.step', '{"big": true}'),
+             (${tenant}, ${runs[1]}, 3, 'run.step', '{"big": true}')`;
+    await db.sql.begin(async (tx) => {
+      const alone = await claimPendingEvents(tx, 100, 1);
+      assert.deepEqual(alone.map((e) => [e.run_id, e.seq]), [[runs[0], 3]]);
+      assert.equal(alone[0].more, true, "the other was left for the next batch");
     });
   } finally {
     await db.drop();
