@@ -93,3 +93,22 @@ Deno.test("waker: poke never waits for the notify and never throws", () => {
   // A notify that never settles: poke still returns at once, every time.
   for (let i = 0; i < 3; i++) assert.equal(waker.poke(), undefined);
 });
+
+Deno.test("waker: with a minimum interval, the first poke goes at once and the next no sooner than the interval after it", async () => {
+  const h = heldNotify();
+  const sentAt: number[] = [];
+  const notify = () => (sentAt.push(performance.now()), h.notify());
+  const waker = new Waker(notify, noErrors, 50);
+  waker.poke();
+  assert.equal(h.calls.length, 1, "a quiet waker notifies at once");
+  (await h.next()).finish();
+  await settle();
+  for (let i = 0; i < 10; i++) waker.poke();
+  await settle();
+  assert.equal(h.calls.length, 1, "within the interval: nothing yet");
+  // Ten pokes, one notify, sent once the interval since the first has passed.
+  (await h.next()).finish();
+  await settle();
+  assert.equal(h.calls.length, 2);
+  assert.ok(sentAt[1] - sentAt[0] >= 49, `${sentAt[1] - sentAt[0]} ms apart`);
+});

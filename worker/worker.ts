@@ -118,6 +118,10 @@ const DB_RETRY_CAP_MS = 10 * SECOND;
 const COMPLETION_BATCH = 64;
 const COMPLETION_FLUSHES = 2;
 const CLAIM_COALESCE_MS = 5;
+// NOTIFYs from one worker start at least this far apart: a busy worker would
+// otherwise send one per claim and per completion batch, each a commit of its
+// own (0.40 statements per run against 0.15, measured at 6,600 runs/s).
+const WAKE_MIN_INTERVAL_MS = 10;
 
 interface InFlight {
   run: ClaimedRun;
@@ -190,6 +194,7 @@ export class Worker implements Service {
     const waker = new Waker(
       () => notifyQueued(sql),
       (err) => this.#log.warn("notify failed", { error: err }),
+      WAKE_MIN_INTERVAL_MS,
     );
     this.#notify = () => waker.poke();
     // Every claim, finish, release and reclaim appends events: wake the
@@ -197,6 +202,7 @@ export class Worker implements Service {
     const eventsWaker = new Waker(
       () => notifyChannels(sql, [OUTBOX_CHANNEL]),
       (err) => this.#log.warn("outbox notify failed", { error: err }),
+      WAKE_MIN_INTERVAL_MS,
     );
     this.#eventsWritten = () => eventsWaker.poke();
     this.#reclaimer = new Reclaimer(sql, {
