@@ -12,7 +12,7 @@ export const ApiEnv = z.object({
   BODY_LIMIT_BYTES: positiveInt(1024 * 1024),
   /**
    * Request bodies held at once, in bytes (default 4 MiB): from reading to
-   * the response. It bounds the heap, which the api task caps. A request that
+   * the response, so what bodies take on the heap is bounded. A request that
    * waits for its share longer than BODY_BUDGET_WAIT_MS gets a 503 (busy).
    */
   BODY_BUDGET_BYTES: positiveInt(4 * 1024 * 1024),
