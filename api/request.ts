@@ -65,7 +65,9 @@ export function limitBody(
     // Over the limit by its own account: refused at once, nothing to hold.
     if (declared > maxSize) return await limited(c, next);
     const bytes = Number.isInteger(declared) && declared >= 0 ? declared : maxSize;
-    const release = await budget.bytes.acquire(bytes, budget.waitMs);
+    // The common case takes its share without a promise or a timer.
+    const release = budget.bytes.tryAcquire(bytes) ??
+      await budget.bytes.acquire(bytes, budget.waitMs);
     try {
       await limited(c, next);
     } finally {
@@ -80,6 +82,43 @@ function unreadable(cause: unknown): PoimenError {
   });
 }
 
+/**
+ * Deadlines of body reads in progress, checked by one timer every
+ * `SLOW_READ_CHECK_MS` while any is watched: a timer per request costs
+ * measurably on the admission path (Deno timers are not free), a late 408 by
+ * up to a second does not.
+ */
+const SLOW_READ_CHECK_MS = 1000;
+const slowReads = {
+  reads: new Map<object, { deadline: number; expire: () => void }>(),
+  timer: undefined as ReturnType<typeof setInterval> | undefined,
+  /** Calls `expire` once `deadline` (epoch ms) has passed, unless the returned function is called first. */
+  watch(deadline: number, expire: () => void): () => void {
+    const key = {};
+    this.reads.set(key, { deadline, expire });
+    if (this.timer === undefined) {
+      this.timer = setInterval(() => this.check(), SLOW_READ_CHECK_MS);
+      // Never what keeps a process alive.
+      Deno.unrefTimer(this.timer);
+    }
+    // The timer stops at its next check with nothing watched, not here: a
+    // run of one-at-a-time requests must not create one each.
+    return () => this.reads.delete(key);
+  },
+  check(): void {
+    const now = Date.now();
+    for (const [key, r] of this.reads) {
+      if (r.deadline > now) continue;
+      this.reads.delete(key);
+      r.expire();
+    }
+    if (this.reads.size === 0 && this.timer !== undefined) {
+      clearInterval(this.timer);
+      this.timer = undefined;
+    }
+  },
+};
+
 // One decoder for every request: decode() without `stream` keeps no state between calls.
 const UTF8 = new TextDecoder("utf-8", { fatal: true });
 
@@ -89,18 +128,21 @@ const UTF8 = new TextDecoder("utf-8", { fatal: true });
  */
 export async function parseJsonBody(c: Context, readTimeoutMs?: number): Promise<unknown> {
   let bytes: Uint8Array;
-  let timer: ReturnType<typeof setTimeout> | undefined;
+  let stopWatching = () => {};
   try {
     const read = c.req.arrayBuffer();
-    const late = readTimeoutMs === undefined ? undefined : new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        // The read goes on until the client ends or drops it; its result is ignored.
-        read.catch(() => {});
-        reject(
-          new PoimenError("body-timeout", `the body did not arrive within ${readTimeoutMs} ms`),
-        );
-      }, readTimeoutMs);
-    });
+    let late: Promise<never> | undefined;
+    if (readTimeoutMs !== undefined) {
+      late = new Promise<never>((_, reject) => {
+        stopWatching = slowReads.watch(Date.now() + readTimeoutMs, () => {
+          // The read goes on until the client ends or drops it; its result is ignored.
+          read.catch(() => {});
+          reject(
+            new PoimenError("body-timeout", `the body did not arrive within ${readTimeoutMs} ms`),
+          );
+        });
+      });
+    }
     bytes = new Uint8Array(await (late ? Promise.race([read, late]) : read));
   } catch (err) {
     // bodyLimit's 413 surfaces here while the body streams in; anything else
@@ -108,7 +150,7 @@ export async function parseJsonBody(c: Context, readTimeoutMs?: number): Promise
     if (err instanceof PoimenError) throw err;
     throw unreadable(err);
   } finally {
-    clearTimeout(timer);
+    stopWatching();
   }
   if (bytes.byteLength === 0) throw new PoimenError("bad-json", "the body is empty");
   let text: string;
