@@ -11,7 +11,7 @@ import { silentLogger } from "../core/log.ts";
 import { type ErrorCode, ERRORS, PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
-import { createApp } from "../api/app.ts";
+import { type AppDeps, createApp } from "../api/app.ts";
 import { BodyBudget } from "../api/body_budget.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
@@ -28,7 +28,7 @@ let acme: string, globex: string, relay: string;
 
 const consoleAssets = await loadConsoleAssets();
 
-function makeApp(bodyLimit: number) {
+function makeApp(bodyLimit: number, bodyBudget?: AppDeps["bodyBudget"]) {
   return createApp({
     sql,
     admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
@@ -36,6 +36,7 @@ function makeApp(bodyLimit: number) {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit,
+    bodyBudget,
     consoleAssets,
   });
 }
@@ -521,16 +522,7 @@ CASES.push([
   "bodies beyond BODY_BUDGET_BYTES wait, then get a 503 busy with Retry-After; nothing is lost",
   async () => {
     const budget = new BodyBudget(4096);
-    const budgetApp = createApp({
-      sql,
-      admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
-      auth: new Authenticator(sql, 30_000),
-      metrics: createApiMetrics(new client.Registry()),
-      log: silentLogger,
-      bodyLimit: 4096,
-      bodyBudget: { bytes: budget, waitMs: 100 },
-      consoleAssets,
-    });
+    const budgetApp = makeApp(4096, { bytes: budget, waitMs: 100 });
     const post = (body: BodyInit, headers: Record<string, string> = {}) =>
       budgetApp.request("/v1/runs", {
         method: "POST",
@@ -586,16 +578,7 @@ CASES.push([
   "a body still arriving after BODY_READ_TIMEOUT_MS is a 408, and its share of the budget is given back",
   async () => {
     const budget = new BodyBudget(4096);
-    const slowApp = createApp({
-      sql,
-      admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
-      auth: new Authenticator(sql, 30_000),
-      metrics: createApiMetrics(new client.Registry()),
-      log: silentLogger,
-      bodyLimit: 4096,
-      bodyBudget: { bytes: budget, waitMs: 100, readTimeoutMs: 200 },
-      consoleAssets,
-    });
+    const slowApp = makeApp(4096, { bytes: budget, waitMs: 100, readTimeoutMs: 200 });
     let stalled: ReadableStreamDefaultController<Uint8Array> | undefined;
     const body = await refused(
       () =>
