@@ -72,6 +72,13 @@ export interface AdmissionStatements {
 
 const STATEMENTS: AdmissionStatements = { insertRuns, selectRunsByDispatchKey };
 
+// One flush at a time while flushes are quick: the batches are larger, so
+// fewer statements and commits for the same admissions (20 % more of them at
+// 16 and 64 connections, measured against two at a time). A second flush
+// starts only while the one in flight has taken longer than this, so a slow
+// or stuck flush does not hold every admission behind it.
+const SPARE_FLUSH_AFTER_MS = 10;
+
 // A key whose row vanished between the conflict and the follow-up select
 // (deleted meanwhile) is tried again; more than this many times is a bug.
 const MAX_ROUNDS = 5;
@@ -101,6 +108,7 @@ export class Admission {
     this.#batcher = new Batcher((runs) => this.#flush(runs), {
       maxBatch: opts.maxBatch,
       maxConcurrent: opts.maxConcurrent,
+      spareAfterMs: SPARE_FLUSH_AFTER_MS,
       onFlush: hooks.onFlush,
     }, (err) => !isUnavailable(err));
   }

@@ -23,7 +23,10 @@ export const ApiEnv = z.object({
   AUTH_CACHE_MS: millis(30 * SECOND),
   /** Most admissions coalesced into one statement. */
   ADMISSION_MAX_BATCH: positiveInt(128),
-  /** Most admission statements in flight (each holds a pooled connection). */
+  /**
+   * Most admission statements in flight (each holds a pooled connection);
+   * beyond the first only while one has taken over 10 ms (admission/admit.ts).
+   */
   ADMISSION_MAX_CONCURRENT: positiveInt(2),
   DEFAULT_MAX_ATTEMPTS: positiveInt(3),
 });

@@ -27,6 +27,13 @@ export interface BatcherOptions {
    * and that end together) share one flush instead of the first going alone.
    */
   gatherTurn?: boolean;
+  /**
+   * Slots beyond the first open only while a flush in flight has run longer
+   * than this: one flush at a time makes the largest batches (the fewest
+   * statements and commits for the same items), and a slow or stuck flush
+   * still does not hold every item behind it. Without it, every slot is open.
+   */
+  spareAfterMs?: number;
 }
 
 interface Pending<T, R> {
@@ -53,6 +60,9 @@ export class Batcher<T, R> {
   #inFlight = 0;
   #inFlightItems = 0;
   #pumpScheduled = false;
+  /** When each flush in flight started (performance.now()), by its batch. */
+  readonly #started = new Map<Pending<T, R>[], number>();
+  #spareTimer: ReturnType<typeof setTimeout> | undefined;
 
   constructor(
     flush: (items: T[]) => Promise<(R | Error)[]>,
@@ -92,16 +102,38 @@ export class Batcher<T, R> {
       this.#inFlight < this.#opts.maxConcurrent &&
       (this.#split.length > 0 || this.#queue.length > 0)
     ) {
+      if (!this.#slotOpen()) return;
       const batch = this.#split.shift() ?? this.#queue.splice(0, this.#opts.maxBatch);
       this.#inFlight++;
       this.#inFlightItems += batch.length;
+      this.#started.set(batch, performance.now());
       this.#opts.onFlush?.(batch.length);
       this.#run(batch).finally(() => {
         this.#inFlight--;
         this.#inFlightItems -= batch.length;
+        this.#started.delete(batch);
         this.#pump();
       });
     }
+  }
+
+  /**
+   * Whether another flush may start now (see `spareAfterMs`). When not, a
+   * timer looks again once the oldest flush in flight turns slow; it is
+   * armed once and re-armed when it fires, never cleared per flush (a timer
+   * per flush costs measurably at thousands of flushes a second).
+   */
+  #slotOpen(): boolean {
+    const spareAfter = this.#opts.spareAfterMs;
+    if (spareAfter === undefined || this.#inFlight === 0) return true;
+    const oldest = Math.min(...this.#started.values());
+    const wait = oldest + spareAfter - performance.now();
+    if (wait <= 0) return true;
+    this.#spareTimer ??= setTimeout(() => {
+      this.#spareTimer = undefined;
+      this.#pump();
+    }, wait);
+    return false;
   }
 
   async #run(batch: Pending<T, R>[]): Promise<void> {

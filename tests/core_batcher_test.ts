@@ -103,6 +103,38 @@ Deno.test("batcher: with gatherTurn, items submitted in one turn of the event lo
   assert.equal(await later, 10);
 });
 
+Deno.test("batcher: with spareAfterMs, a second flush starts only once the one in flight has taken longer", async () => {
+  const h = heldFlush<number, number>();
+  const batcher = new Batcher(h.flush, { maxBatch: 10, maxConcurrent: 2, spareAfterMs: 40 });
+  const started = performance.now();
+  const one = batcher.submit(1);
+  const first = await h.next();
+  const two = batcher.submit(2);
+  await settle();
+  assert.equal(h.calls.length, 1, "the spare slot stays shut while the first flush is young");
+  // The first flush is slow: the spare slot opens for the item behind it.
+  const second = await h.next();
+  assert.ok(performance.now() - started >= 39, `opened after ${performance.now() - started} ms`);
+  assert.deepEqual(second.items, [2]);
+  second.finish([4]);
+  assert.equal(await two, 4);
+  first.finish([2]);
+  assert.equal(await one, 2);
+
+  // A quick flush: the item behind it waits for it, not for the spare slot.
+  const three = batcher.submit(3);
+  const quick = await h.next();
+  const four = batcher.submit(4);
+  const five = batcher.submit(5);
+  await settle();
+  assert.equal(h.calls.length, 3);
+  quick.finish([6]);
+  const next = await h.next();
+  assert.deepEqual(next.items, [4, 5], "one batch after the quick flush");
+  next.finish([8, 10]);
+  assert.deepEqual(await Promise.all([three, four, five]), [6, 8, 10]);
+});
+
 Deno.test("batcher: items arriving while a flush is in flight coalesce into the next one", async () => {
   const h = heldFlush<number, number>();
   const sizes: number[] = [];
