@@ -41,19 +41,23 @@ export class BodyBudget {
    * served in order: a large body is not passed over forever by small ones.
    */
   async acquire(bytes: number, waitMs: number): Promise<() => void> {
-    return this.tryAcquire(bytes) ?? await this.#wait(bytes, waitMs);
+    return this.tryAcquire(bytes) ?? await this.#wait(this.#clamp(bytes), waitMs);
   }
 
   /** `acquire` when the bytes are free now (and nobody waits before): no promise, no timer. */
   tryAcquire(bytes: number): (() => void) | undefined {
-    const want = Math.min(Math.max(0, bytes), this.total);
+    const want = this.#clamp(bytes);
     if (this.#waiters.length > 0 || want > this.#free) return undefined;
     this.#free -= want;
     return this.#releaser(want);
   }
 
-  async #wait(bytes: number, waitMs: number): Promise<() => void> {
-    const want = Math.min(Math.max(0, bytes), this.total);
+  /** A request never waits for more than the whole budget. */
+  #clamp(bytes: number): number {
+    return Math.min(Math.max(0, bytes), this.total);
+  }
+
+  async #wait(want: number, waitMs: number): Promise<() => void> {
     const granted = Promise.withResolvers<void>();
     const waiter: Waiter = { bytes: want, grant: granted.resolve };
     this.#waiters.push(waiter);

@@ -57,11 +57,10 @@ export class Batcher<T, R> {
   #queue: Pending<T, R>[] = [];
   /** Halves of failed batches, flushed as they are, before new items. */
   #split: Pending<T, R>[][] = [];
-  #inFlight = 0;
   #inFlightItems = 0;
   #pumpScheduled = false;
-  /** When each flush in flight started (performance.now()), by its batch. */
-  readonly #started = new Map<Pending<T, R>[], number>();
+  /** The flushes in flight: when each started (performance.now()), by its batch. */
+  readonly #inFlight = new Map<Pending<T, R>[], number>();
   #spareTimer: ReturnType<typeof setTimeout> | undefined;
 
   constructor(
@@ -99,19 +98,17 @@ export class Batcher<T, R> {
 
   #pump(): void {
     while (
-      this.#inFlight < this.#opts.maxConcurrent &&
+      this.#inFlight.size < this.#opts.maxConcurrent &&
       (this.#split.length > 0 || this.#queue.length > 0)
     ) {
       if (!this.#slotOpen()) return;
       const batch = this.#split.shift() ?? this.#queue.splice(0, this.#opts.maxBatch);
-      this.#inFlight++;
       this.#inFlightItems += batch.length;
-      this.#started.set(batch, performance.now());
+      this.#inFlight.set(batch, performance.now());
       this.#opts.onFlush?.(batch.length);
       this.#run(batch).finally(() => {
-        this.#inFlight--;
         this.#inFlightItems -= batch.length;
-        this.#started.delete(batch);
+        this.#inFlight.delete(batch);
         this.#pump();
       });
     }
@@ -125,8 +122,8 @@ export class Batcher<T, R> {
    */
   #slotOpen(): boolean {
     const spareAfter = this.#opts.spareAfterMs;
-    if (spareAfter === undefined || this.#inFlight === 0) return true;
-    const oldest = Math.min(...this.#started.values());
+    if (spareAfter === undefined || this.#inFlight.size === 0) return true;
+    const oldest = Math.min(...this.#inFlight.values());
     const wait = oldest + spareAfter - performance.now();
     if (wait <= 0) return true;
     this.#spareTimer ??= setTimeout(() => {
