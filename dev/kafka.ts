@@ -15,6 +15,7 @@
 import { z } from "zod";
 import { port, readEnv } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
+import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { createAdmin } from "../kafka/admin.ts";
 
@@ -415,7 +416,28 @@ export async function killBroker(opts: BrokerOptions = brokerOptionsFromEnv()): 
   return true;
 }
 
-async function main(command: string | undefined): Promise<number> {
+const COMMAND = {
+  name: "kafka",
+  synopsis: "start|stop|status",
+  description: `
+The local single-node Apache Kafka (KRaft) for development and tests, assembled
+from Maven Central jars (no Docker). start: brings it up (the first start
+downloads the jars into <KAFKA_DIR>/libs) and waits until it answers; stop:
+stops it; status: exit 0 when a broker answers on KAFKA_PORT, 3 when none does.`,
+  positionals: { min: 1, max: 1 },
+  env: kafkaDevEnv,
+} satisfies CommandSpec;
+
+async function main(args: string[]): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
+  const command = line.positionals[0];
+  if (!["start", "stop", "status"].includes(command)) {
+    return usageError(
+      COMMAND,
+      `unknown action ${JSON.stringify(command)}; one of start, stop, status`,
+    );
+  }
   const say = (line: string) => console.log(line);
   let opts: BrokerOptions;
   try {
@@ -449,15 +471,13 @@ async function main(command: string | undefined): Promise<number> {
       say("kafka stopped");
       return 3;
     }
-    default:
-      console.error("usage: deno task kafka start|stop|status");
-      return 2;
   }
+  return 2;
 }
 
 if (import.meta.main) {
   try {
-    Deno.exit(await main(Deno.args[0]));
+    Deno.exit(await main(Deno.args));
   } catch (error) {
     console.error(`kafka: ${error instanceof Error ? error.message : String(error)}`);
     Deno.exit(1);

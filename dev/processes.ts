@@ -7,12 +7,13 @@
 import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
 
 /**
- * The runtime flags of process `command` (permissions, V8 flags), as its
- * deno.json task declares them.
+ * The runtime flags of process `command` (permissions, `--no-prompt`, V8
+ * flags), as its deno.json task declares them.
  */
 export function runFlags(command: string): string[] {
   return taskArgs(command).filter((a) =>
-    a.startsWith("--allow-") || a.startsWith("--deny-") || a.startsWith("--v8-flags=")
+    a === "--no-prompt" || a.startsWith("--allow-") || a.startsWith("--deny-") ||
+    a.startsWith("--v8-flags=")
   );
 }
 

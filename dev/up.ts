@@ -20,6 +20,7 @@ import {
 import { ConfigError } from "../core/errors.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
+import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
 import { brokerAnswers, startBroker, stopBroker } from "./kafka.ts";
 
@@ -40,6 +41,19 @@ const UpEnv = z.object({
 });
 
 const PROCESSES = ["api", "worker", "outbox", "relay"] as const;
+
+const COMMAND = {
+  name: "up",
+  synopsis: "",
+  description: `
+Brings the whole system up on this machine, for development: Postgres (the
+local server is started if stopped) and Kafka (the local broker is started when
+KAFKA_BROKERS is the default and none answers), migrates, creates tenant
+DEV_TENANT with a token and its topics, starts api, worker, outbox and relay as
+child processes with prefixed logs, and prints the URLs, the token and a curl
+example. Ctrl-C or SIGTERM stops them all (and the broker, if up started it).`,
+  env: UpEnv,
+} satisfies CommandSpec;
 
 function say(line: string) {
   console.log(`[up] ${line}`);
@@ -104,7 +118,10 @@ async function prefix(
   if (rest) write(`${tag}${rest}\n`);
 }
 
-export async function up(): Promise<number> {
+/** Runs `deno task up` with `args`; resolves to the exit code once everything stopped. */
+export async function up(args: string[] = []): Promise<number> {
+  const line = parseCommandLine(COMMAND, args);
+  if (typeof line === "number") return line;
   const config = readEnv(UpEnv, processEnv());
   const enc = new TextEncoder();
   const out = (s: string) => Deno.stdout.writeSync(enc.encode(s));
@@ -213,7 +230,7 @@ export async function up(): Promise<number> {
 
 if (import.meta.main) {
   try {
-    Deno.exit(await up());
+    Deno.exit(await up(Deno.args));
   } catch (err) {
     console.error(err instanceof ConfigError ? err.message : `up: ${(err as Error).message}`);
     Deno.exit(err instanceof ConfigError ? 2 : 1);
