@@ -220,3 +220,16 @@ Deno.test("chaos verdict: messages the relay group never committed are lag", () 
   seen.uncommitted = new Map([["poimen.t-b.dispatch/1", 30], ["poimen.t-a.dispatch/0", 0]]);
   assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { lag: 30, tenant_b: 1 });
 });
+
+Deno.test("chaos verdict: a keyless message dead-lettered instead of admitted is lost and dlq_extra", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const keyless = p.poison.find((m) => m.kind === "keyless")!;
+  seen.runs = seen.runs.filter((r) => r.marker !== keyless.marker);
+  seen.deadLetters.push({
+    tenant: keyless.tenant,
+    key: keyless.key,
+    reason: "missing-dispatch-key",
+  });
+  assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { lost: 1, dlq_extra: 1 });
+});

@@ -21,7 +21,7 @@ export type PoisonKind =
    * admitted once, and its run must still end and its events not block others.
    */
   | "oversized-result"
-  /** No dispatch_key: admitted exactly once, or dead-lettered `missing-dispatch-key`. */
+  /** No dispatch_key: admitted exactly once under the key the relay derives, never dead-lettered. */
   | "keyless";
 
 export const POISON_KINDS: readonly PoisonKind[] = [
