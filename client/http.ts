@@ -32,104 +32,27 @@ import {
   type RunRequest,
   type RunStatus,
 } from "../contracts/wire.ts";
-import { PROBLEM_BASE } from "../core/errors.ts";
-import { backoffWithJitter, MINUTE, SECOND } from "../core/time.ts";
+import { backoffWithJitter, SECOND } from "../core/time.ts";
+import {
+  type ApiAnswer,
+  PoimenNetworkError,
+  PoimenProblem,
+  problemFromAnswer,
+  refusedForNow,
+  type SendInit,
+  unexpectedAnswer,
+} from "./problems.ts";
 
 export type { Problem, ProblemFieldError, Run, RunPage, RunRequest, RunStatus };
-
-/** What a `PoimenProblem` is made from. */
-export interface PoimenProblemInit {
-  /** The poimen error code (the problem `type` after the poimen base URI), or `unexpected-response`. */
-  code: string;
-  /** The HTTP status (422 for a body refused before it was sent). */
-  status: number;
-  /** Whether the same request may succeed later. */
-  retryable: boolean;
-  /** A short summary of the kind of problem. */
-  title: string;
-  /** What went wrong with this request. */
-  detail?: string;
-  /** The problem `type` URI as the server sent it (default: poimen's URI of `code`). */
-  type?: string;
-  /** The failing fields of a schema error. */
-  errors?: ProblemFieldError[];
-  /** The server's `Retry-After`, in ms. */
-  retryAfterMs?: number;
-  /** Members of the problem beyond the standard ones (e.g. `run_status` of a 409 `run-finished`). */
-  extensions?: Record<string, unknown>;
-  /** What caused it, kept as the error's `cause`. */
-  cause?: unknown;
-}
-
-/**
- * An error answer of the API (RFC 9457 problem+json), typed by its `type`.
- * `code` is poimen's stable error code (`validation`, `unknown-workflow`,
- * `unauthorized`, `not-found`, `database-unavailable`, …); an answer that is
- * not a poimen problem (a proxy's 502 page) has code `unexpected-response`.
- */
-export class PoimenProblem extends Error {
-  /** Code of an answer that is not a poimen problem. */
-  static readonly UNEXPECTED = "unexpected-response";
-
-  /** poimen's stable error code, e.g. `validation`. */
-  readonly code: string;
-  /** The problem `type` URI, e.g. `https://poimen.dev/problems/validation`. */
-  readonly type: string;
-  /** The HTTP status. */
-  readonly status: number;
-  /** Whether the same request may succeed later (as the API says, else by status). */
-  readonly retryable: boolean;
-  /** The problem's short title. */
-  readonly title: string;
-  /** What went wrong with this request, when the API says. */
-  readonly detail: string | undefined;
-  /** The failing fields of a schema error; empty otherwise. */
-  readonly errors: ProblemFieldError[];
-  /** The server's `Retry-After`, in ms, when it sent one. */
-  readonly retryAfterMs: number | undefined;
-  /**
-   * Members of the problem beyond the standard ones, e.g. `run_status` of
-   * a 409 `run-finished` (RFC 9457 extension members).
-   */
-  readonly extensions: Record<string, unknown>;
-
-  /** Builds a problem; the client does this for every error answer. */
-  constructor(init: PoimenProblemInit) {
-    const fields = (init.errors ?? []).map((e) => `${e.path || "body"}: ${e.message}`).join("; ");
-    super(
-      `${init.status} ${init.code}: ${init.detail ?? init.title}${fields ? ` (${fields})` : ""}`,
-      init.cause === undefined ? undefined : { cause: init.cause },
-    );
-    this.name = "PoimenProblem";
-    this.code = init.code;
-    this.type = init.type ?? PROBLEM_BASE + init.code;
-    this.status = init.status;
-    this.retryable = init.retryable;
-    this.title = init.title;
-    this.detail = init.detail;
-    this.errors = init.errors ?? [];
-    this.retryAfterMs = init.retryAfterMs;
-    this.extensions = init.extensions ?? {};
-  }
-}
-
-/**
- * No answer came back: the connection failed or the attempt timed out. The
- * request may or may not have reached the API.
- */
-export class PoimenNetworkError extends Error {
-  /** `timeout` when no answer came within `timeoutMs`, else `network`. */
-  readonly code: "network" | "timeout";
-  /** Always true: a network failure may pass by itself. */
-  readonly retryable = true;
-
-  /** Wraps the failure of one attempt. */
-  constructor(code: "network" | "timeout", message: string, options?: ErrorOptions) {
-    super(message, options);
-    this.name = "PoimenNetworkError";
-    this.code = code;
-  }
-}
+export {
+  type ApiAnswer,
+  MAX_RETRY_AFTER_MS,
+  parseRetryAfter,
+  type PoimenProblemInit,
+  problemFromAnswer,
+  type SendInit,
+} from "./problems.ts";
+export { PoimenNetworkError, PoimenProblem };
 
 /** How a call retries; every field has a default. */
 export interface RetryOptions {
@@ -240,13 +163,6 @@ const DEFAULT_RETRY: Required<Omit<RetryOptions, "deadlineMs">> = {
   maxDelayMs: 10 * SECOND,
 };
 const DEFAULT_TIMEOUT = 30 * SECOND;
-// A bogus huge Retry-After must not park a caller for days.
-const MAX_RETRY_AFTER = 10 * MINUTE;
-
-/** Statuses that say the request was not carried out and may be later. */
-function refusedForNow(status: number): boolean {
-  return status === 408 || status === 429 || status === 503;
-}
 
 /** Whether a failure is worth another attempt of a request that is safe to repeat. */
 function transient(error: PoimenProblem | PoimenNetworkError): boolean {
@@ -259,6 +175,7 @@ function transient(error: PoimenProblem | PoimenNetworkError): boolean {
  * concurrently; the client holds no state between calls.
  */
 export class PoimenClient {
+  readonly #baseUrl: string;
   readonly #runsUrl: string;
   readonly #headers: Record<string, string>;
   readonly #fetch: typeof fetch;
@@ -268,7 +185,8 @@ export class PoimenClient {
   /** A client of the API at `url`, acting with `token` (and for `tenant`, with a service token). */
   constructor(opts: PoimenClientOptions) {
     // Appended, not resolved: an API behind a path prefix keeps its prefix.
-    this.#runsUrl = opts.url.replace(/\/+$/, "") + "/v1/runs";
+    this.#baseUrl = opts.url.replace(/\/+$/, "");
+    this.#runsUrl = this.#baseUrl + "/v1/runs";
     this.#headers = { authorization: `Bearer ${opts.token}`, accept: "application/json" };
     if (opts.tenant !== undefined) this.#headers[HEADERS.tenant] = opts.tenant;
     this.#fetch = opts.fetch ?? globalThis.fetch.bind(globalThis);
@@ -300,12 +218,12 @@ export class PoimenClient {
         : transient,
       (signal) => this.#call("POST", this.#runsUrl, signal, { headers, body: payload }),
     );
-    const replayed = res.response.headers.get(HEADERS.replayed) === "true";
+    const replayed = res.answer.headers.get(HEADERS.replayed) === "true";
     return {
       run: res.json as Run,
-      created: res.response.status === 201 || (generated && res.response.status === 200),
+      created: res.answer.status === 201 || (generated && res.answer.status === 200),
       replayed,
-      bodyMismatch: res.response.headers.get(HEADERS.bodyMismatch) === "true",
+      bodyMismatch: res.answer.headers.get(HEADERS.bodyMismatch) === "true",
       dispatchKey,
       attempts,
     };
@@ -397,102 +315,64 @@ export class PoimenClient {
     }
   }
 
+  /**
+   * One attempt at a request to the API, with no retry and no timeout of its
+   * own (`signal` bounds it): the building block of the methods above, public
+   * for callers that classify answers themselves (poimen's inbox relay does).
+   * `path` is appended to the client's URL (e.g. `/v1/runs`); the client's
+   * `authorization` (and `Poimen-Tenant`) headers are sent, `init.headers`
+   * added to them. Resolves with any answer the API gave, whatever its
+   * status, read to the end; rejects with a `PoimenNetworkError` when none
+   * came, or with the signal's reason.
+   */
+  async send(method: string, path: string, init: SendInit = {}): Promise<ApiAnswer> {
+    const url = this.#baseUrl + path;
+    let response: Response;
+    let text: string;
+    try {
+      response = await this.#fetch(url, {
+        method,
+        headers: init.headers ? { ...this.#headers, ...init.headers } : this.#headers,
+        // A Kafka value or a caller's buffer never sits on a SharedArrayBuffer.
+        body: init.body as string | Uint8Array<ArrayBuffer> | undefined,
+        // A redirected POST would come back as a GET: report it instead.
+        redirect: "manual",
+        signal: init.signal,
+      });
+      // Read to the end, also on errors, so the connection can be reused.
+      text = await response.text();
+    } catch (err) {
+      if (init.signal?.aborted) throw init.signal.reason;
+      const message = err instanceof Error ? err.message : String(err);
+      throw new PoimenNetworkError("network", `${method} ${url}: ${message}`, { cause: err });
+    }
+    return { status: response.status, headers: response.headers, text };
+  }
+
   /** One attempt: resolves with a 2xx answer and its JSON, rejects with the error it came to. */
   async #call(
     method: "GET" | "POST",
     url: string,
     signal: AbortSignal,
     extra: { headers?: Record<string, string>; body?: string } = {},
-  ): Promise<{ response: Response; json: unknown }> {
-    let response: Response;
-    let text: string;
+  ): Promise<{ answer: ApiAnswer; json: unknown }> {
+    let answer: ApiAnswer;
     try {
-      response = await this.#fetch(url, {
-        method,
-        headers: { ...this.#headers, ...extra.headers },
-        body: extra.body,
-        // A redirected POST would come back as a GET: report it instead.
-        redirect: "manual",
-        signal,
-      });
-      // Read to the end, also on errors, so the connection can be reused.
-      text = await response.text();
+      answer = await this.send(method, url.slice(this.#baseUrl.length), { ...extra, signal });
     } catch (err) {
-      const message = err instanceof Error ? err.message : String(err);
-      throw new PoimenNetworkError("network", `${method} ${url}: ${message}`, { cause: err });
+      // The caller tells a timeout from its own abort; both are "no answer" here.
+      if (err instanceof PoimenNetworkError || !signal.aborted) throw err;
+      throw new PoimenNetworkError("network", `${method} ${url}: aborted`, { cause: err });
     }
-    if (response.status >= 200 && response.status < 300) {
+    if (answer.status >= 200 && answer.status < 300) {
       try {
-        return { response, json: JSON.parse(text) };
+        return { answer, json: JSON.parse(answer.text) };
       } catch (err) {
-        throw unexpected(response, text, "the answer is not JSON", err);
+        throw unexpectedAnswer(answer, "the answer is not JSON", err);
       }
     }
-    throw problemOf(response, text);
+    throw problemFromAnswer(answer);
   }
-}
-
-/** The `PoimenProblem` an error answer stands for. */
-function problemOf(response: Response, text: string): PoimenProblem {
-  let body: Partial<Problem> | undefined;
-  try {
-    const parsed: unknown = JSON.parse(text);
-    if (typeof parsed === "object" && parsed !== null) body = parsed as Partial<Problem>;
-  } catch { /* not JSON: not a poimen problem */ }
-  const type = body?.type;
-  if (typeof type !== "string" || !type.startsWith(PROBLEM_BASE)) {
-    return unexpected(response, text, `HTTP ${response.status}`);
-  }
-  const STANDARD = ["type", "title", "status", "detail", "instance", "retryable", "errors"];
-  const extensions = Object.fromEntries(
-    Object.entries(body ?? {}).filter(([k]) => !STANDARD.includes(k)),
-  );
-  const errors = Array.isArray(body?.errors)
-    ? body.errors.filter((e) => typeof e?.path === "string" && typeof e?.message === "string")
-    : [];
-  return new PoimenProblem({
-    code: type.slice(PROBLEM_BASE.length),
-    type,
-    status: response.status,
-    retryable: typeof body?.retryable === "boolean"
-      ? body.retryable
-      : refusedForNow(response.status) || response.status >= 500,
-    title: typeof body?.title === "string" ? body.title : `HTTP ${response.status}`,
-    detail: typeof body?.detail === "string" ? body.detail : undefined,
-    errors,
-    retryAfterMs: parseRetryAfter(response.headers.get("retry-after")),
-    extensions,
-  });
-}
-
-/** An answer that is not poimen's (a proxy, another server, a redirect). */
-function unexpected(response: Response, text: string, title: string, cause?: unknown) {
-  const snippet = text.trim().slice(0, 200);
-  return new PoimenProblem({
-    code: PoimenProblem.UNEXPECTED,
-    type: "about:blank",
-    status: response.status,
-    retryable: refusedForNow(response.status) || response.status >= 500,
-    title,
-    detail: snippet || undefined,
-    retryAfterMs: parseRetryAfter(response.headers.get("retry-after")),
-    cause,
-  });
-}
-
-/** Retry-After (delta-seconds or an HTTP date) in ms; undefined when absent or bad. */
-function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
-  if (value === null) return undefined;
-  const text = value.trim();
-  let ms: number;
-  if (/^\d+$/.test(text)) ms = Number(text) * SECOND;
-  else {
-    // An HTTP date names its day; Date.parse alone would read "-1" as a year.
-    const at = /[a-z]/i.test(text) ? Date.parse(text) : NaN;
-    if (Number.isNaN(at)) return undefined;
-    ms = at - now;
-  }
-  return Math.min(Math.max(0, ms), MAX_RETRY_AFTER);
 }
 
 /** Resolves after `ms`; rejects with the signal's reason when it aborts first. */

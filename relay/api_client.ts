@@ -1,14 +1,15 @@
 /**
- * The relay's HTTP client of `POST /v1/runs`, and the classification of what
- * came back. The relay is an HTTP client of the API like any other caller:
- * that is what makes "no bypass" mechanical (see DESIGN.md, Inbox relay).
+ * The relay's calls of `POST /v1/runs`, and the classification of what came
+ * back. The relay is an HTTP client of the API like any other caller, and
+ * uses the public client's one-attempt call (`PoimenClient.send`) to be one:
+ * that is what makes "no bypass" mechanical (the README's "The inbox relay").
  */
 import { HEADERS } from "../contracts/runs.ts";
-import { type ErrorCode, PROBLEM_BASE } from "../core/errors.ts";
-import { backoffWithJitter, MINUTE } from "../core/time.ts";
+import type { ErrorCode } from "../core/errors.ts";
+import { backoffWithJitter } from "../core/time.ts";
+import { PoimenClient } from "../client/http.ts";
+import { type ApiAnswer, PoimenProblem, problemFromAnswer } from "../client/problems.ts";
 
-/** Longest Retry-After honoured: a bogus huge value must not park a partition for days. */
-export const MAX_RETRY_AFTER_MS = 10 * MINUTE;
 /** Longest problem detail kept (it ends up in a Kafka header). */
 export const MAX_DETAIL = 500;
 
@@ -73,27 +74,14 @@ export const PERMANENT_PROBLEMS: ReadonlySet<string> = new Set<ErrorCode>([
   "unsupported-media-type",
 ]);
 
-/** A problem+json body of poimen's, as far as the relay needs it. */
-export interface PoimenProblem {
-  /** The code: the `type` URI after `PROBLEM_BASE`. */
-  code: string;
-  retryable: boolean | undefined;
-}
-
-/** The poimen problem in `body`, or undefined when it is not one (a proxy, another server). */
-export function poimenProblem(body: string): PoimenProblem | undefined {
-  let p: unknown;
-  try {
-    p = JSON.parse(body);
-  } catch {
-    return undefined;
-  }
-  if (typeof p !== "object" || p === null) return undefined;
-  const { type, retryable } = p as { type?: unknown; retryable?: unknown };
-  if (typeof type !== "string" || !type.startsWith(PROBLEM_BASE)) return undefined;
-  const code = type.slice(PROBLEM_BASE.length);
-  if (!/^[a-z][a-z0-9-]{0,63}$/.test(code)) return undefined;
-  return { code, retryable: typeof retryable === "boolean" ? retryable : undefined };
+/**
+ * The poimen problem an error answer stands for, or undefined when it is not
+ * one of poimen's (a proxy, another server): only poimen's word on a message
+ * may condemn it.
+ */
+export function poimenProblem(answer: ApiAnswer): PoimenProblem | undefined {
+  const problem = problemFromAnswer(answer);
+  return problem.code === PoimenProblem.UNEXPECTED ? undefined : problem;
 }
 
 /**
@@ -104,7 +92,7 @@ export function poimenProblem(body: string): PoimenProblem | undefined {
  */
 export function classify(
   status: number,
-  problem: PoimenProblem | undefined,
+  problem: Pick<PoimenProblem, "code" | "retryable"> | undefined,
 ): { kind: Outcome["kind"]; reason: string } {
   // The API answers a replayed dispatch_key with 200 and a new run with 201;
   // any other 2xx still admitted the message.
@@ -144,21 +132,6 @@ export function retryDelay(
   random: () => number = Math.random,
 ): number {
   return Math.max(retryAfterMs ?? 0, backoffWithJitter(attempt - 1, baseMs, capMs, random));
-}
-
-/** Retry-After (delta-seconds or an HTTP date) in ms from `now`; undefined when absent or bad. */
-export function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
-  if (value === null) return undefined;
-  const text = value.trim();
-  let ms: number;
-  if (/^\d+$/.test(text)) ms = Number(text) * 1000;
-  else {
-    // An HTTP date names its day; Date.parse alone would read "-1" as a year.
-    const at = /[a-z]/i.test(text) ? Date.parse(text) : NaN;
-    if (Number.isNaN(at)) return undefined;
-    ms = at - now;
-  }
-  return Math.min(Math.max(0, ms), MAX_RETRY_AFTER_MS);
 }
 
 /**
@@ -226,33 +199,16 @@ export function prepareBody(value: Uint8Array, derivedKey: string): PreparedBody
   return { body: new TextEncoder().encode(body), derivedKey };
 }
 
-/** The `reason` and `detail` of a problem+json body (or of whatever else came back). */
-export function problemSummary(
-  body: string,
-  fallback: string,
-): { reason?: string; detail: string } {
-  try {
-    const p = JSON.parse(body) as {
-      type?: unknown;
-      title?: unknown;
-      detail?: unknown;
-      errors?: { path?: unknown; message?: unknown }[];
-    };
-    const reason = typeof p.type === "string" && p.type.startsWith(PROBLEM_BASE)
-      ? p.type.slice(PROBLEM_BASE.length)
-      : undefined;
-    let detail = typeof p.detail === "string"
-      ? p.detail
-      : typeof p.title === "string"
-      ? p.title
-      : fallback;
-    if (Array.isArray(p.errors) && p.errors.length > 0) {
-      detail += ": " + p.errors.map((e) => `${e.path}: ${e.message}`).join("; ");
-    }
-    return { reason, detail: truncate(detail) };
-  } catch {
-    return { detail: truncate(body.trim() || fallback) };
+/**
+ * What a dead letter's detail says of an error answer: the problem's detail
+ * (or title) and its failing fields, or the start of whatever else came back.
+ */
+export function problemDetail(problem: PoimenProblem): string {
+  let detail = problem.detail ?? problem.title;
+  if (problem.errors.length > 0) {
+    detail += ": " + problem.errors.map((e) => `${e.path}: ${e.message}`).join("; ");
   }
+  return truncate(detail);
 }
 
 function truncate(text: string): string {
@@ -310,14 +266,12 @@ export interface ApiClientOptions {
 
 /** Posts dispatch messages to `POST /v1/runs`; never throws, every failure is an `Outcome`. */
 export class ApiClient {
-  readonly #url: string;
-  readonly #token: string;
+  readonly #client: PoimenClient;
   readonly #timeoutMs: number;
 
   constructor(opts: ApiClientOptions) {
-    // Appended, not resolved: an API behind a path prefix keeps its prefix.
-    this.#url = opts.apiUrl.replace(/\/+$/, "") + "/v1/runs";
-    this.#token = opts.token;
+    // The tenant differs per message: sent per call, not fixed on the client.
+    this.#client = new PoimenClient({ url: opts.apiUrl, token: opts.token });
     this.#timeoutMs = opts.timeoutMs;
   }
 
@@ -325,7 +279,6 @@ export class ApiClient {
   async admit(req: AdmitRequest, signal?: AbortSignal): Promise<Outcome> {
     const headers: Record<string, string> = {
       "content-type": "application/json",
-      authorization: `Bearer ${this.#token}`,
       [HEADERS.tenant]: req.tenant,
       [HEADERS.source]: req.source,
     };
@@ -344,19 +297,13 @@ export class ApiClient {
     const onAbort = () => abort.abort();
     if (signal?.aborted) abort.abort();
     else signal?.addEventListener("abort", onAbort, { once: true });
-    let res: Response;
-    let text: string;
+    let answer: ApiAnswer;
     try {
-      res = await fetch(this.#url, {
-        method: "POST",
+      answer = await this.#client.send("POST", "/v1/runs", {
         headers,
-        // A Kafka value never sits on a SharedArrayBuffer.
-        body: req.body as Uint8Array<ArrayBuffer>,
-        redirect: "manual",
+        body: req.body,
         signal: abort.signal,
       });
-      // Read to the end, also when unused, so the connection can be reused.
-      text = await res.text();
     } catch (err) {
       timedOut &&= !signal?.aborted;
       return {
@@ -370,27 +317,27 @@ export class ApiClient {
       clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
     }
-    if (res.status >= 200 && res.status < 300) {
-      return { kind: res.status === 200 ? "replayed" : "created", status: res.status };
+    if (answer.status >= 200 && answer.status < 300) {
+      return { kind: answer.status === 200 ? "replayed" : "created", status: answer.status };
     }
-    const problem = poimenProblem(text);
-    const verdict = classify(res.status, problem);
-    const summary = problemSummary(text, `HTTP ${res.status}`);
+    const problem = problemFromAnswer(answer);
+    const poimen = problem.code === PoimenProblem.UNEXPECTED ? undefined : problem;
+    const verdict = classify(answer.status, poimen);
     if (verdict.kind === "permanent") {
       return {
         kind: "permanent",
         reason: verdict.reason,
-        status: res.status,
-        detail: summary.detail,
+        status: answer.status,
+        detail: problemDetail(problem),
       };
     }
     return {
       kind: "transient",
       reason: verdict.reason as TransientReason,
-      status: res.status,
-      problem: problem?.code,
-      retryAfterMs: parseRetryAfter(res.headers.get("retry-after")),
-      detail: summary.detail,
+      status: answer.status,
+      problem: poimen?.code,
+      retryAfterMs: problem.retryAfterMs,
+      detail: problemDetail(problem),
     };
   }
 }

@@ -8,7 +8,15 @@
  *   deno test -A tests/client_http_test.ts
  */
 import assert from "node:assert/strict";
-import { PoimenClient, PoimenNetworkError, PoimenProblem, type RetryInfo } from "../client/http.ts";
+import {
+  MAX_RETRY_AFTER_MS,
+  parseRetryAfter,
+  PoimenClient,
+  PoimenNetworkError,
+  PoimenProblem,
+  problemFromAnswer,
+  type RetryInfo,
+} from "../client/http.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
@@ -398,6 +406,41 @@ Deno.test("client_http: Retry-After wins over a shorter backoff, and every retry
   }
 });
 
+Deno.test("client_http: send is one attempt that hands back any answer, and no answer as a network error", async () => {
+  const server = scripted([problem(503, "database-unavailable", { "retry-after": "2" })]);
+  try {
+    const client = new PoimenClient({ url: server.url, token: "t", tenant: "acme" });
+    const answer = await client.send("POST", "/v1/runs", {
+      headers: { "content-type": "application/json" },
+      body: new TextEncoder().encode('{"workflow_ref":"echo"}'),
+    });
+    assert.equal(server.bodies.length, 1, "no retry");
+    assert.equal(server.bodies[0], '{"workflow_ref":"echo"}');
+    assert.equal(answer.status, 503);
+    const problem = problemFromAnswer(answer);
+    assert.equal(problem.code, "database-unavailable");
+    assert.equal(problem.retryAfterMs, 2000);
+  } finally {
+    await server.close();
+  }
+  const nobody = new PoimenClient({ url: `http://127.0.0.1:${freePort()}`, token: "t" });
+  const err = await nobody.send("GET", "/v1/runs").catch((e) => e);
+  assert.ok(err instanceof PoimenNetworkError, String(err));
+  assert.equal(err.code, "network");
+});
+
+Deno.test("client_http: Retry-After as seconds or a date, bounded", () => {
+  const now = Date.parse("2026-01-01T00:00:00Z");
+  assert.equal(parseRetryAfter(null, now), undefined);
+  assert.equal(parseRetryAfter("3", now), 3000);
+  assert.equal(parseRetryAfter(" 0 ", now), 0);
+  assert.equal(parseRetryAfter("Thu, 01 Jan 2026 00:00:05 GMT", now), 5000);
+  assert.equal(parseRetryAfter("Wed, 31 Dec 2025 23:00:00 GMT", now), 0, "a past date: now");
+  assert.equal(parseRetryAfter("999999", now), MAX_RETRY_AFTER_MS);
+  assert.equal(parseRetryAfter("soon", now), undefined);
+  assert.equal(parseRetryAfter("-1", now), undefined);
+});
+
 Deno.test("client_http: without a key, a 500 is not retried (it may have made a run) but a 503 is", async () => {
   const failing = scripted([problem(500, "internal")]);
   const refused = scripted([problem(503, "database-unavailable"), created]);
@@ -490,12 +533,16 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
   const local = info.modules.map((m) => m.specifier.replace(root, "")).sort();
   assert.deepEqual(local, [
     "client/http.ts",
+    "client/problems.ts",
     "contracts/wire.ts",
     "core/errors.ts",
     "core/time.ts",
   ]);
   const imported = info.modules.flatMap((m) => (m.dependencies ?? []).map((d) => d.specifier));
-  assert.ok(imported.every((s) => s.startsWith("../")), JSON.stringify(imported));
+  assert.ok(
+    imported.every((s) => s.startsWith("../") || s.startsWith("./")),
+    JSON.stringify(imported),
+  );
 });
 
 Deno.test("client_http: the published entry points are documented (deno doc --lint)", async () => {

@@ -9,16 +9,15 @@ import {
   ApiClient,
   classify,
   derivedDispatchKey,
-  MAX_RETRY_AFTER_MS,
   notJson,
-  parseRetryAfter,
   PERMANENT_PROBLEMS,
   poimenProblem,
   prepareBody,
-  problemSummary,
+  problemDetail,
   retryDelay,
   traceHeaders,
 } from "../relay/api_client.ts";
+import { type ApiAnswer, problemFromAnswer } from "../client/http.ts";
 import { RunRequest } from "../contracts/runs.ts";
 import { deadLetter, DLQ_HEADERS, redriven, withoutDlqHeaders } from "../relay/dead_letter.ts";
 import { readRelayConfig } from "../relay/config.ts";
@@ -162,11 +161,18 @@ Deno.test("relay offsets: many messages finishing in random order", () => {
   assert.equal(t.toCommit(), BigInt(n));
 });
 
+const answer = (status: number, text: string): ApiAnswer => ({
+  status,
+  headers: new Headers(),
+  text,
+});
+
 const problem = (code: string, retryable = false) =>
   JSON.stringify({ type: `https://poimen.dev/problems/${code}`, title: code, retryable });
 
 Deno.test("relay outcomes: permanent only for a poimen problem known to be permanent", () => {
-  const verdict = (status: number, body = "") => classify(status, poimenProblem(body));
+  const verdict = (status: number, body = "") =>
+    classify(status, poimenProblem(answer(status, body)));
   assert.equal(verdict(201).kind, "created");
   assert.equal(verdict(200).kind, "replayed");
   assert.equal(verdict(202).kind, "created");
@@ -288,18 +294,6 @@ Deno.test("relay keys: a keyless message gets a key from its topic, partition an
   assert.ok(parsed.success, JSON.stringify(parsed.error));
 });
 
-Deno.test("relay outcomes: Retry-After as seconds or a date, bounded", () => {
-  const now = Date.parse("2026-01-01T00:00:00Z");
-  assert.equal(parseRetryAfter(null, now), undefined);
-  assert.equal(parseRetryAfter("3", now), 3000);
-  assert.equal(parseRetryAfter(" 0 ", now), 0);
-  assert.equal(parseRetryAfter("Thu, 01 Jan 2026 00:00:05 GMT", now), 5000);
-  assert.equal(parseRetryAfter("Wed, 31 Dec 2025 23:00:00 GMT", now), 0, "a past date: now");
-  assert.equal(parseRetryAfter("999999", now), MAX_RETRY_AFTER_MS);
-  assert.equal(parseRetryAfter("soon", now), undefined);
-  assert.equal(parseRetryAfter("-1", now), undefined);
-});
-
 Deno.test("relay outcomes: values that are not JSON are caught locally", () => {
   const enc = (s: string) => new TextEncoder().encode(s);
   assert.equal(notJson(enc('{"workflow_ref":"echo"}')), undefined);
@@ -310,7 +304,15 @@ Deno.test("relay outcomes: values that are not JSON are caught locally", () => {
 });
 
 Deno.test("relay outcomes: problem bodies become a reason and a short detail", () => {
-  const p = problemSummary(
+  const summary = (status: number, text: string) => {
+    const p = problemFromAnswer(answer(status, text));
+    return {
+      reason: p.code === "unexpected-response" ? undefined : p.code,
+      detail: problemDetail(p),
+    };
+  };
+  const p = summary(
+    422,
     JSON.stringify({
       type: "https://poimen.dev/problems/validation",
       title: "Request does not match the schema",
@@ -319,14 +321,15 @@ Deno.test("relay outcomes: problem bodies become a reason and a short detail", (
       retryable: false,
       errors: [{ path: "workflow_ref", message: "expected string" }],
     }),
-    "HTTP 422",
   );
   assert.equal(p.reason, "validation");
   assert.equal(p.detail, "the request does not match the schema: workflow_ref: expected string");
-  const long = problemSummary("x".repeat(5000), "HTTP 400");
+  const long = summary(400, "x".repeat(5000));
   assert.equal(long.reason, undefined);
   assert.ok(long.detail.length <= 500);
-  assert.equal(problemSummary("", "HTTP 404").detail, "HTTP 404");
+  assert.equal(summary(404, "").detail, "HTTP 404");
+  // A stranger's "type" under poimen's URI is not a code.
+  assert.equal(summary(400, problem("Not A Code")).reason, undefined);
 });
 
 Deno.test("relay trace headers: only a well-formed traceparent (and its tracestate) is passed on", () => {
