@@ -2,7 +2,7 @@
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import type { OutboxStats } from "../db/outbox.ts";
-import type { RunPurgerHooks } from "./run_purger.ts";
+import type { RunPurgerHooks } from "../retention/run_purger.ts";
 
 /** What the relay reports as it ships. */
 export interface OutboxHooks {

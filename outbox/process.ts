@@ -29,7 +29,7 @@ import {
   retentionProblem,
   RunPurger,
   type RunPurgerHooks,
-} from "./run_purger.ts";
+} from "../retention/run_purger.ts";
 import { selectTenants } from "../db/auth.ts";
 import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
