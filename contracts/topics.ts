@@ -32,7 +32,7 @@ function checked(tenant: string): string {
   return tenant;
 }
 
-/** `poimen.<tenant>.events`: the run events the outbox relay publishes. */
+/** `poimen.<tenant>.events`: the run events the outbox publisher publishes. */
 export function eventsTopic(tenant: string): string {
   return `${PREFIX}${checked(tenant)}.events`;
 }

@@ -1,16 +1,16 @@
 /**
- * The outbox relay's statements over `work_events`: claim a batch of
+ * The outbox publisher's statements over `work_events`: claim a batch of
  * pending events, mark the shipped ones published, report the backlog, and
  * purge what was published long enough ago.
  *
  * Claiming takes row locks (`FOR UPDATE SKIP LOCKED`) that the caller holds,
- * in its transaction, while it publishes: another relay process skips them,
+ * in its transaction, while it publishes: another publisher process skips them,
  * so in normal operation no row is shipped twice. See `claimPendingEvents`
  * for how per-run order survives several processes.
  */
 import type { Sql, TransactionSql } from "./pool.ts";
 
-/** One pending event, as the relay ships it. */
+/** One pending event, as the publisher ships it. */
 export interface PendingEvent {
   tenant_id: string;
   run_id: string;
@@ -34,7 +34,7 @@ export interface ClaimedEvent extends PendingEvent {
   /**
    * The lowest parked seq of this event's run below this batch's highest
    * seq of the run, or null. An event after it must not be shipped (it would
-   * overtake the parked one): the relay parks it too.
+   * overtake the parked one): the publisher parks it too.
    */
   parked_seq: number | null;
   /** The batch was full (by rows or by bytes): more may be pending. */

@@ -1,7 +1,7 @@
 /**
  * Retention of finished runs: the purge statement. Runs the outbox process's
- * `RunPurger` deletes in small batches, each one statement (one short
- * transaction), never touching the live queue.
+ * `RunPurger` (retention/run_purger.ts) deletes in small batches, each one
+ * statement (one short transaction), never touching the live queue.
  */
 import type { Sql } from "./pool.ts";
 

@@ -1,4 +1,4 @@
-/** The outbox relay's configuration, read once from the environment at start-up. */
+/** The outbox process's configuration, read once from the environment at start-up. */
 import { z } from "zod";
 import {
   databaseEnv,
@@ -12,7 +12,7 @@ import {
 } from "../core/config.ts";
 import { DAY, MINUTE, SECOND } from "../core/time.ts";
 
-/** The outbox relay's environment variables. */
+/** The outbox process's environment variables. */
 export const outboxEnvSchema = z.object({
   ...databaseEnv,
   ...kafkaEnv,

@@ -1,10 +1,10 @@
-/** The outbox relay's Prometheus metrics, on a registry of its own (never prom-client's global one). */
+/** The outbox process's Prometheus metrics, on a registry of its own (never prom-client's global one). */
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import type { OutboxStats } from "../db/outbox.ts";
-import type { RunPurgerHooks } from "./run_purger.ts";
+import type { RunPurgerHooks } from "../retention/run_purger.ts";
 
-/** What the relay reports as it ships. */
+/** What the publisher reports as it ships. */
 export interface OutboxHooks {
   /** After a publish the broker acknowledged: how many events and how long it took. */
   onPublished(count: number, seconds: number): void;

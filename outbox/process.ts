@@ -1,9 +1,10 @@
 /**
- * `main.ts outbox`: the outbox relay process. Reads its configuration, opens
- * the pool and the Kafka clients, runs an `OutboxRelay`, an `OutboxPurger`,
- * a `RunPurger` (retention of finished runs) and its `/metrics`, `/healthz`
- * and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT, then
- * lets the batch in flight finish and closes producer, admin and pool.
+ * `main.ts outbox`: the outbox process. Reads its configuration, opens the
+ * pool and the Kafka clients, runs an `OutboxPublisher`, an `OutboxPurger`,
+ * a `RunPurger` (retention of finished runs, retention/run_purger.ts) and
+ * its `/metrics`, `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT)
+ * until SIGTERM/SIGINT, then lets the batch in flight finish and closes
+ * producer, admin and pool.
  */
 import client from "prom-client";
 import { brokerList, processEnv } from "../core/config.ts";
@@ -20,7 +21,7 @@ import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { type OutboxConfig, outboxEnvSchema, readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
 import { serveMetrics } from "../core/metrics_server.ts";
-import { OutboxRelay } from "./publisher.ts";
+import { OutboxPublisher } from "./publisher.ts";
 import { OutboxPurger } from "./purger.ts";
 import {
   type DispatchRetention,
@@ -29,14 +30,14 @@ import {
   retentionProblem,
   RunPurger,
   type RunPurgerHooks,
-} from "./run_purger.ts";
+} from "../retention/run_purger.ts";
 import { selectTenants } from "../db/auth.ts";
 import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 
 // Bounded so a failing send gives the batch's transaction back within
 // seconds (the library's default for an idempotent producer is to retry
-// forever); the relay's own loop retries with backoff after that.
+// forever); the publisher's own loop retries with backoff after that.
 const PRODUCER_RETRIES = 5;
 
 const COMMAND = {
@@ -51,7 +52,7 @@ OUTBOX_METRICS_HOST:OUTBOX_METRICS_PORT.`,
   env: outboxEnvSchema,
 } satisfies CommandSpec;
 
-/** Runs the outbox relay until a signal; returns the exit code. */
+/** Runs the outbox process until a signal; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
@@ -71,7 +72,7 @@ export async function main(args: string[]): Promise<number> {
   const registry = new client.Registry();
   guardDriverFaults(log, registry);
   const metrics = createOutboxMetrics(registry, () => outboxStats(sql), log);
-  const relay = new OutboxRelay(sql, {
+  const publisher = new OutboxPublisher(sql, {
     createProducer: () => createProducer({ ...kafkaClient, retries: PRODUCER_RETRIES }),
     admin: createAdmin(kafkaClient),
   }, {
@@ -105,7 +106,14 @@ export async function main(args: string[]): Promise<number> {
   const runPurger = await createRunPurger(cfg, sql, kafkaClient, metrics.runPurgerHooks, log);
   const metricsAt = { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
   await runUntilSignal(
-    outboxProcess(relay, [purger, ...runPurger ? [runPurger] : []], sql, registry, metricsAt, log),
+    outboxProcess(
+      publisher,
+      [purger, ...runPurger ? [runPurger] : []],
+      sql,
+      registry,
+      metricsAt,
+      log,
+    ),
     log,
   );
   return 0;
@@ -185,11 +193,11 @@ async function createRunPurger(
 }
 
 /**
- * The relay, the purger, the metrics endpoint and the pool as one service:
- * stopped in that order (relay and purger together), pool last.
+ * The publisher, the purgers, the metrics endpoint and the pool as one service:
+ * stopped in that order (publisher and purgers together), pool last.
  */
 function outboxProcess(
-  relay: OutboxRelay,
+  publisher: OutboxPublisher,
   purgers: Service[],
   sql: Sql,
   registry: client.Registry,
@@ -203,11 +211,11 @@ function outboxProcess(
       server = (await serveMetrics(registry, metricsAt.hostname, metricsAt.port, log, {
         probes: { postgres: (signal) => abortable(ping(sql), signal) },
       })).server;
-      await relay.start();
+      await publisher.start();
       for (const p of purgers) await p.start();
     },
     stop: once(async () => {
-      await Promise.all([relay.stop(), ...purgers.map((p) => p.stop())]);
+      await Promise.all([publisher.stop(), ...purgers.map((p) => p.stop())]);
       await server?.shutdown();
       await sql.end({ timeout: 5 });
     }),

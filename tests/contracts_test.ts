@@ -12,7 +12,7 @@ import {
   TENANT_ID_PATTERN,
 } from "../contracts/topics.ts";
 import type { PendingEvent } from "../db/outbox.ts";
-import { toMessage } from "../outbox/publisher.ts";
+import { toMessage } from "../outbox/event_message.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 
 Deno.test("contracts: the tenants table checks tenant ids with the contract's pattern", async () => {

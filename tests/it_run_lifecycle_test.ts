@@ -1,7 +1,7 @@
 /**
  * The whole path with real processes: a run admitted over HTTP is executed
  * by the worker, and its events reach `poimen.<tenant>.events` through the
- * outbox relay, in seq order, with the right key and headers. Then the
+ * outbox publisher, in seq order, with the right key and headers. Then the
  * broker goes down: admissions and execution go on, events wait in
  * Postgres, and all of them are shipped once it is back.
  */
@@ -22,7 +22,8 @@ const LONG = 90 * SECOND;
 const decode = (m: ConsumedMessage): EventMessage => parseEventMessage(m.value);
 
 Deno.test({
-  name: "queue outbox_relay: a run admitted over HTTP runs, and its events reach Kafka in order",
+  name:
+    "queue outbox_publisher: a run admitted over HTTP runs, and its events reach Kafka in order",
   ...KAFKA_TEST,
   async fn() {
     // A broker of this test's own, so taking it down disturbs nothing else.

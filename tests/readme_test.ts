@@ -18,6 +18,7 @@ const CODE_DIRS = [
   "kafka",
   "outbox",
   "relay",
+  "retention",
   "worker",
   "workflows",
 ];

@@ -1,10 +1,10 @@
 /**
- * The outbox relay end to end: real Postgres, the real development broker
+ * The outbox publisher end to end: real Postgres, the real development broker
  * (a private one for the outage) and real `main.ts outbox` processes. Each test has its own database and
  * its own tenant (hence its own topic) and reads with a fresh consumer group
  * from the earliest offset.
  *
- *   deno test -A tests/it_outbox_relay_test.ts
+ *   deno test -A tests/it_outbox_publisher_test.ts
  */
 import assert from "node:assert/strict";
 import { startBroker } from "../dev/kafka.ts";
@@ -13,7 +13,7 @@ import { builtinRegistry } from "../workflows/builtin.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
-import { OutboxRelay } from "../outbox/publisher.ts";
+import { OutboxPublisher } from "../outbox/publisher.ts";
 import { silentLogger } from "../core/log.ts";
 import { SECOND } from "../core/time.ts";
 import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
@@ -131,7 +131,7 @@ async function stopAll(procs: PoimenProcess[]) {
 }
 
 Deno.test({
-  name: "outbox_relay: events arrive in seq order per run with key, value and headers",
+  name: "outbox_publisher: events arrive in seq order per run with key, value and headers",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -220,7 +220,7 @@ Deno.test({
   },
 });
 
-Deno.test("outbox_relay: a run is left out of a batch while another claim holds an earlier seq", async () => {
+Deno.test("outbox_publisher: a run is left out of a batch while another claim holds an earlier seq", async () => {
   const db = await freshDatabase();
   const tenant = newTenant();
   try {
@@ -253,7 +253,7 @@ Deno.test("outbox_relay: a run is left out of a batch while another claim holds 
   }
 });
 
-Deno.test("outbox_relay: a batch holds at most maxBytes of payload, the oldest event always, the rest next time", async () => {
+Deno.test("outbox_publisher: a batch holds at most maxBytes of payload, the oldest event always, the rest next time", async () => {
   const db = await freshDatabase();
   const tenant = newTenant();
   try {
@@ -302,7 +302,7 @@ Deno.test("outbox_relay: a batch holds at most maxBytes of payload, the oldest e
 });
 
 Deno.test({
-  name: "outbox_relay: two processes ship 300 events of 60 runs once each, in order per run",
+  name: "outbox_publisher: two processes ship 300 events of 60 runs once each, in order per run",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -351,7 +351,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: "outbox_relay: broker down, events wait in postgres and are all shipped when it returns",
+  name:
+    "outbox_publisher: broker down, events wait in postgres and are all shipped when it returns",
   ...KAFKA_TEST,
   async fn() {
     // A broker of this test's own, so taking it down disturbs nothing else.
@@ -421,7 +422,7 @@ Deno.test({
 });
 
 Deno.test({
-  name: "outbox_relay: published rows past retention are purged, pending ones never",
+  name: "outbox_publisher: published rows past retention are purged, pending ones never",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -477,13 +478,13 @@ Deno.test({
 });
 
 Deno.test({
-  name: "outbox_relay: the relay ships in-process and stopping it twice is safe",
+  name: "outbox_publisher: the publisher ships in-process and stopping it twice is safe",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
     const tenant = newTenant();
     const client = { brokers: [BROKERS], clientId: "poimen-test" };
-    const relay = new OutboxRelay(db.sql, {
+    const publisher = new OutboxPublisher(db.sql, {
       createProducer: () => createProducer({ ...client, retries: 5 }),
       admin: createAdmin(client),
     }, {
@@ -497,22 +498,22 @@ Deno.test({
     });
     try {
       await insertTenant(db.sql, tenant);
-      await relay.start();
+      await publisher.start();
       await admitRuns(db.sql, tenant, 3);
       await waitFor("events published", async () => (await pendingCount(db.sql, tenant)) === 0);
-      await Promise.all([relay.stop(), relay.stop()]);
-      await relay.stop();
+      await Promise.all([publisher.stop(), publisher.stop()]);
+      await publisher.stop();
       // Stopped: new events stay pending.
       await admitRuns(db.sql, tenant, 1);
       assert.equal(await pendingCount(db.sql, tenant), 1);
     } finally {
-      await relay.stop();
+      await publisher.stop();
       await db.drop();
     }
   },
 });
 
-Deno.test("outbox_relay: a bad KAFKA_BROKERS is one line naming it and exit code 2", async () => {
+Deno.test("outbox_publisher: a bad KAFKA_BROKERS is one line naming it and exit code 2", async () => {
   const { code, stderr } = await runCommand(
     "outbox",
     [],
@@ -578,7 +579,7 @@ async function smallEventsTopic(admin: KafkaAdmin, tenant: string, maxBytes: num
 
 Deno.test({
   name:
-    "outbox_relay: an event the broker refuses for good is parked and reported; later runs of its tenant and of another tenant still ship",
+    "outbox_publisher: an event the broker refuses for good is parked and reported; later runs of its tenant and of another tenant still ship",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -685,7 +686,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "outbox_relay: an event over EVENTS_MAX_MESSAGE_BYTES is parked unsent, and declared topics carry that limit",
+    "outbox_publisher: an event over EVENTS_MAX_MESSAGE_BYTES is parked unsent, and declared topics carry that limit",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -693,7 +694,7 @@ Deno.test({
     const client = { brokers: [BROKERS], clientId: "poimen-test" };
     const admin = createAdmin(client);
     const parkedCounts: number[] = [];
-    const relay = new OutboxRelay(db.sql, {
+    const publisher = new OutboxPublisher(db.sql, {
       createProducer: () => createProducer({ ...client, retries: 5 }),
       admin: createAdmin(client),
     }, {
@@ -711,7 +712,7 @@ Deno.test({
       const [big, small] = await admitRuns(db.sql, tenant, 2);
       await appendLargeEvent(db.sql, tenant, big, 2, 9000);
       await appendLargeEvent(db.sql, tenant, small, 2, 6000);
-      await relay.start();
+      await publisher.start();
       await waitFor("the small run shipped", () => allPublished(db.sql, tenant, [small]));
       const rows = await parkState(db.sql, tenant, big);
       assert.deepEqual(rows.map((r) => [r.seq, r.published_at !== null, r.parked_at !== null]), [
@@ -730,7 +731,7 @@ Deno.test({
       assert.equal((await parkState(db.sql, tenant, big))[2].published_at, null);
       assert.equal((await parkState(db.sql, tenant, big))[2].parked_reason, "follows parked seq 2");
 
-      // The relay declared the events topic with the limit; so does ensureTenantTopics.
+      // The publisher declared the events topic with the limit; so does ensureTenantTopics.
       const config = await admin.topicConfig(eventsTopic(tenant), ["max.message.bytes"]);
       assert.equal(config["max.message.bytes"], "8192");
       const other = newTenant();
@@ -755,7 +756,7 @@ Deno.test({
         await admin.deleteTopics([eventsTopic(other), dispatchTopic(other), dlqTopic(other)]);
       }
     } finally {
-      await relay.stop();
+      await publisher.stop();
       await admin.close();
       await db.drop();
     }
@@ -764,7 +765,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "outbox_relay: events of a run admitted over HTTP and executed are published on a notification, long before the next poll",
+    "outbox_publisher: events of a run admitted over HTTP and executed are published on a notification, long before the next poll",
   ...KAFKA_TEST,
   async fn() {
     const db = await freshDatabase();
@@ -775,7 +776,7 @@ Deno.test({
     const env = { DATABASE_URL: db.url, KAFKA_BROKERS: BROKERS, LOG_LEVEL: "warn" };
     const api = new ApiProcess(env);
     const worker = new PoimenProcess("worker", { ...env, WORKER_POLL_MS: "60000" });
-    const relay = outbox(db, { OUTBOX_POLL_MS: "60000", LOG_LEVEL: "warn" });
+    const publisher = outbox(db, { OUTBOX_POLL_MS: "60000", LOG_LEVEL: "warn" });
     const published = async (runId: string) => {
       const [r] = await db.sql<{ n: number }[]>`
         select count(*)::int as n from work_events
@@ -783,8 +784,8 @@ Deno.test({
       return r.n === 3; // run.admitted, run.started, run.succeeded
     };
     try {
-      // A first run, admitted before the relay starts (no notification): its
-      // events ship in the relay's first rounds; after them it sleeps a minute.
+      // A first run, admitted before the publisher starts (no notification): its
+      // events ship in the publisher's first rounds; after them it sleeps a minute.
       const [first] = await admitRuns(db.sql, tenant, 1);
       await waitFor("the first run's events published", () => published(first));
       await api.ready();
@@ -805,7 +806,7 @@ Deno.test({
         5 * SECOND,
       );
     } finally {
-      const statuses = await Promise.all([api.stop(), worker.stop(), relay.stop()]);
+      const statuses = await Promise.all([api.stop(), worker.stop(), publisher.stop()]);
       await db.drop();
       for (const s of statuses) assert.equal(s.code, 0);
     }

@@ -18,9 +18,11 @@
  * tenants, changed topics): a round whose window is too short purges
  * nothing and says so.
  *
- * It runs in the outbox process because that process already talks to both
+ * It is a retention job, not part of shipping events, hence its own module;
+ * it runs in the outbox process because that process already talks to both
  * Postgres and Kafka (the worker never talks to Kafka), and deleting a run's
- * events is safe only once the outbox shipped them.
+ * events is safe only once the outbox shipped them. Its statement is
+ * `purgeFinishedRuns` (db/retention.ts).
  */
 import { MaintenanceService } from "../core/maintenance.ts";
 import type { Logger } from "../core/log.ts";

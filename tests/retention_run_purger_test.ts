@@ -14,7 +14,7 @@ import {
   formatDuration,
   retentionProblem,
   RunPurger,
-} from "../outbox/run_purger.ts";
+} from "../retention/run_purger.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 
 const SHORT: DispatchRetention = { ms: 7 * DAY, source: "t", detail: "t keeps 7d" };
