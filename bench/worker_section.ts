@@ -1,7 +1,7 @@
 /**
- * The worker section: runs admitted through the kernel, then one poimen
- * worker process (concurrency 16) timed until all succeeded, and
- * graphile-worker's runner on the same number of jobs, one after the other in each round.
+ * The worker section, in each round: runs admitted through the kernel, then
+ * one poimen worker process (concurrency 16) timed until all succeeded; then
+ * graphile-worker's runner on the same number of jobs.
  */
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant } from "../db/auth.ts";
