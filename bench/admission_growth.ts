@@ -19,7 +19,8 @@
  * Prints a markdown table; with --out also writes it to FILE. Asserts
  * nothing about durations.
  */
-import { parseArgs } from "node:util";
+import { z } from "zod";
+import type { CommandSpec } from "../core/command_line.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant } from "../db/auth.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
@@ -27,13 +28,13 @@ import { silentLogger } from "../core/log.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { SECOND } from "../core/time.ts";
+import { adminUrl, benchCommandLine, BenchEnv, exitUsage } from "./bench_command_line.ts";
 
 const CLIENTS = 16;
 const DURATION = Number(Deno.env.get("BENCH_SECONDS") ?? 5) * SECOND;
 const WARMUP = 1 * SECOND;
 const YOUNG = 400;
-const ADMIN_URL = Deno.env.get("BENCH_ADMIN_URL") ??
-  "postgres://postgres@127.0.0.1:5432/postgres";
+const ADMIN_URL = adminUrl();
 const TENANT = "bench";
 
 interface Row {
@@ -156,15 +157,34 @@ async function measureSize(size: number): Promise<Row[]> {
   return rows;
 }
 
+const COMMAND = {
+  name: "bench:growth",
+  synopsis: "[--sizes 0,100000,1000000] [--out FILE]",
+  description: `
+The admission rate as the runs table grows, never analyzed: for each size, a
+database of its own, the admission kernel in process (${CLIENTS} concurrent
+callers) admitting new keys, then replays of existing keys, for BENCH_SECONDS
+each, once through a pool whose statements were planned while the table was
+young and once through a fresh pool. Prints a markdown table; asserts nothing
+about durations.`,
+  flags: {
+    sizes: {
+      type: "string",
+      valueName: "LIST",
+      description:
+        `existing runs per database, comma-separated: 0 or above ${YOUNG} (default 0,100000)`,
+    },
+    out: { type: "string", valueName: "FILE", description: "also write the table to FILE" },
+  },
+  env: BenchEnv.extend({ BENCH_SECONDS: z.string().default("5") }),
+} satisfies CommandSpec;
+
 async function main() {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: { sizes: { type: "string", default: "0,100000" }, out: { type: "string" } },
-  });
+  const { flags } = benchCommandLine(COMMAND, Deno.args);
+  const values = { sizes: flags.sizes ?? "0,100000", out: flags.out };
   const sizes = values.sizes.split(",").map((s) => Number(s.trim()));
   if (sizes.some((s) => !Number.isInteger(s) || s < 0 || (s > 0 && s <= YOUNG))) {
-    console.error(`--sizes: 0 or whole numbers above ${YOUNG}, comma-separated`);
-    Deno.exit(2);
+    exitUsage(COMMAND, `--sizes: 0 or whole numbers above ${YOUNG}, comma-separated`);
   }
   const rows: Row[] = [];
   for (const size of sizes) rows.push(...await measureSize(size));

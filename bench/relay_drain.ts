@@ -10,7 +10,8 @@
  * CPU, peak RSS and how often it paused a partition or re-subscribed.
  * With `--live`, also publish→run latency at 1,000 messages/s.
  */
-import { parseArgs } from "node:util";
+import { z } from "zod";
+import type { CommandSpec } from "../core/command_line.ts";
 import { createPool } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
@@ -25,22 +26,69 @@ import { createProducer } from "../kafka/producer.ts";
 import { dispatchTopic } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { cpuSeconds, loadAvg, peakRssMb, sh } from "./tools.ts";
+import { adminUrl, benchCommandLine, BenchEnv, exitUsage } from "./bench_command_line.ts";
 
-const { values: args } = parseArgs({
-  args: Deno.args,
-  options: {
-    messages: { type: "string", default: "20000" },
-    rounds: { type: "string", default: "2" },
-    other: { type: "string" },
-    live: { type: "boolean", default: false },
-    outbox: { type: "boolean", default: false },
-    http: { type: "boolean", default: false },
-    "log-level": { type: "string", default: "info" },
+const COMMAND = {
+  name: "bench:relay",
+  synopsis: "[--messages N] [--rounds R] [--other DIR] [--live] [--outbox] [--http]",
+  description: `
+The inbox relay's drain rate alone, A/B against another checkout of the
+project (e.g. git worktree add /tmp/relay_old <commit>), rounds alternating.
+Each round and variant gets a fresh tenant: N messages are published to its
+dispatch topic, then that variant's relay is started against one shared API
+(this checkout's) and timed until every run exists. Prints, on stderr, the
+rate, the relay's CPU, peak RSS and how often it paused a partition or
+re-subscribed. Needs the Kafka broker at 127.0.0.1:$KAFKA_PORT (default 9092;
+deno task kafka start). RELAY_DENO_ARGS: extra deno flags for the relays (e.g.
+--v8-flags=--prof); every other RELAY_* variable is passed on to them as set.`,
+  flags: {
+    messages: {
+      type: "string",
+      valueName: "N",
+      description: "messages per round and variant (default 20000)",
+    },
+    rounds: { type: "string", valueName: "R", description: "rounds (default 2)" },
+    other: {
+      type: "string",
+      valueName: "DIR",
+      description: "another checkout whose relay is measured against this one's",
+    },
+    live: { type: "boolean", description: "also publish→run latency at 1,000 messages/s" },
+    outbox: {
+      type: "boolean",
+      description: "run the outbox meanwhile, shipping each admission's event, as the bench does",
+    },
+    http: {
+      type: "boolean",
+      description: "each round, first direct HTTP admission (wrk, 64 connections, new keys, 8 s)",
+    },
+    "log-level": {
+      type: "string",
+      valueName: "LEVEL",
+      description: "the relays' LOG_LEVEL (default info)",
+    },
   },
-});
+  env: BenchEnv.extend({
+    RELAY_DENO_ARGS: z.string().optional(),
+  }),
+} satisfies CommandSpec;
+
+const { flags } = benchCommandLine(COMMAND, Deno.args);
+const args = {
+  messages: flags.messages ?? "20000",
+  rounds: flags.rounds ?? "2",
+  other: flags.other,
+  live: flags.live ?? false,
+  outbox: flags.outbox ?? false,
+  http: flags.http ?? false,
+  "log-level": flags["log-level"] ?? "info",
+};
 const N = Number(args.messages);
 const ROUNDS = Number(args.rounds);
-const ADMIN_URL = Deno.env.get("BENCH_ADMIN_URL") ?? "postgres://postgres@127.0.0.1:5432/postgres";
+for (const [name, n] of [["messages", N], ["rounds", ROUNDS]] as const) {
+  if (!Number.isInteger(n) || n < 1) exitUsage(COMMAND, `--${name} must be a whole number ≥ 1`);
+}
+const ADMIN_URL = adminUrl();
 const STAMP = Date.now().toString(36);
 const broker = brokerAddress();
 const variants: { name: string; root: string }[] = [{ name: "this", root: PROJECT_ROOT }];

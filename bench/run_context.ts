@@ -1,0 +1,137 @@
+/**
+ * One `deno task bench` run's settings and what it collects: every section
+ * takes the context and adds its figures, process accounting, wait-event
+ * samples and notes to it; the report is written from it at the end.
+ */
+import { PROJECT_ROOT } from "../dev/tasks.ts";
+import { ProcStats } from "./tools.ts";
+
+/** The sections `--only` chooses among, in the order a run measures them. */
+export const SECTIONS = ["http", "growth", "worker", "relay"] as const;
+/** One of {@link SECTIONS}. */
+export type Section = typeof SECTIONS[number];
+
+/** Durations and sizes of a run: the full one, or `--quick`'s smoke run. */
+export interface BenchConfig {
+  /** Seconds per measurement. */
+  secs: number;
+  /** Seconds of warm-up before each. */
+  warm: number;
+  rounds: number;
+  /** Existing runs the growth section admits at. */
+  sizes: number[];
+  workerJobs: number;
+  relayDrain: number;
+  relaySecs: number;
+}
+
+/** The configuration of a full run, or of a `--quick` one. */
+export function benchConfig(quick: boolean): BenchConfig {
+  return quick
+    ? {
+      secs: 2,
+      warm: 1,
+      rounds: 1,
+      sizes: [0, 20_000],
+      workerJobs: 2_000,
+      relayDrain: 2_000,
+      relaySecs: 3,
+    }
+    : {
+      secs: 8,
+      warm: 2,
+      rounds: 2,
+      sizes: [0, 100_000, 1_000_000],
+      workerJobs: 20_000,
+      relayDrain: 20_000,
+      relaySecs: 10,
+    };
+}
+
+/** Connections (or concurrent callers) of every HTTP and enqueue scenario. */
+export const CONNS = [16, 64];
+/** Size of the fixed key set replays cycle through. */
+export const REPLAY_KEYS = 50;
+/** The wrk script of every HTTP scenario. */
+export const LUA = `${PROJECT_ROOT}bench/wrk/admit.lua`;
+
+/** One measurement. Rates per second, latencies in ms. */
+export interface Figure {
+  group: string;
+  scenario: string;
+  conns: number;
+  round: number;
+  rate: number;
+  p50: number;
+  p99: number;
+  /** Cores the measured process used, and its CPU per operation in µs. */
+  cores?: number;
+  usPerOp?: number;
+}
+
+/** What a run was asked for and where its tools are. */
+export interface BenchOptions {
+  quick: boolean;
+  /** `--only`'s sections; undefined: all of them, and the report is written. */
+  only?: ReadonlySet<Section>;
+  /** The Postgres server's admin URL; every database of the run is created next to it. */
+  adminUrl: string;
+  /** Paths of wrk and pgbench. */
+  wrk: string;
+  pgbench: string;
+}
+
+/** A run's settings and everything it has measured so far. */
+export class BenchContext {
+  readonly quick: boolean;
+  readonly only?: ReadonlySet<Section>;
+  readonly cfg: BenchConfig;
+  readonly adminUrl: string;
+  readonly wrk: string;
+  readonly pgbench: string;
+  /** In every database, key prefix, tenant and group name of the run, so runs never collide. */
+  readonly stamp = Date.now().toString(36);
+  readonly figures: Figure[] = [];
+  readonly procs = new Map<string, ProcStats>();
+  /** Per scenario label, how often each wait event was seen (and "(samples)": how often sampled). */
+  readonly waits = new Map<string, Map<string, number>>();
+  readonly notes: string[] = [];
+
+  constructor(options: BenchOptions) {
+    this.quick = options.quick;
+    this.only = options.only;
+    this.cfg = benchConfig(options.quick);
+    this.adminUrl = options.adminUrl;
+    this.wrk = options.wrk;
+    this.pgbench = options.pgbench;
+  }
+
+  /** Whether `section` is measured in this run. */
+  wanted(section: Section): boolean {
+    return !this.only || this.only.has(section);
+  }
+
+  /** The accounting of the process called `name`, created on first use. */
+  stats(name: string): ProcStats {
+    let s = this.procs.get(name);
+    if (!s) this.procs.set(name, s = new ProcStats(name));
+    return s;
+  }
+}
+
+/** Progress on stderr; stdout carries only the report. */
+export function log(msg: string) {
+  console.error(`[bench ${new Date().toISOString().slice(11, 19)}] ${msg}`);
+}
+
+/** Fails the bench: a count that is not what exactly-once demands. */
+export function check(ok: boolean, what: string): void {
+  if (!ok) throw new Error(`correctness check failed: ${what}`);
+}
+
+/** The `p` quantile of ascending `sorted` (0 when empty). */
+export function q(sorted: number[], p: number): number {
+  return sorted.length === 0
+    ? 0
+    : sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+}
