@@ -54,7 +54,7 @@ export interface HarnessOptions {
 export const DEFAULT_STOP_DEADLINE_MS = 30 * SECOND;
 
 /** What a process's stop needs beyond the graceful wait its own configuration allows. */
-export const STOP_MARGIN_MS = 20 * SECOND;
+const STOP_MARGIN_MS = 20 * SECOND;
 
 /**
  * The stop deadline of a process that waits up to `gracefulMs` for its work
