@@ -1,8 +1,12 @@
-/** `deno task api`: serves the HTTP API until SIGTERM/SIGINT. */
+/**
+ * `deno task api`: serves the HTTP API until SIGTERM/SIGINT, then finishes
+ * the requests in flight and closes the pool (core/process_harness.ts: a
+ * second signal forces the exit).
+ */
 import client from "prom-client";
 import { processEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
-import { once, runUntilSignal } from "../core/lifecycle.ts";
+import { runProcess } from "../core/process_harness.ts";
 import { createPool } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import { QUEUE_CHANNEL } from "../db/queue.ts";
@@ -27,6 +31,7 @@ Serves the HTTP API (POST/GET /v1/runs, /openapi.json, /metrics, /healthz,
   env: ApiEnv,
 } satisfies CommandSpec;
 
+/** Serves the API until a signal; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
@@ -74,24 +79,24 @@ export async function main(args: string[]): Promise<number> {
   });
 
   let server: Deno.HttpServer | undefined;
-  await runUntilSignal({
-    start() {
-      const listening = Promise.withResolvers<void>();
-      server = Deno.serve({
-        port: config.PORT,
-        hostname: config.HOST,
-        onListen: ({ hostname, port }) => {
-          log.info("listening", { url: `http://${hostname}:${port}` });
-          listening.resolve();
-        },
-      }, app.fetch);
-      return listening.promise;
+  return await runProcess([
+    // Closed last, once the requests in flight have finished (their admissions commit).
+    { name: "pool", stop: () => sql.end({ timeout: 5 }) },
+    {
+      name: "http server",
+      start() {
+        const listening = Promise.withResolvers<void>();
+        server = Deno.serve({
+          port: config.PORT,
+          hostname: config.HOST,
+          onListen: ({ hostname, port }) => {
+            log.info("listening", { url: `http://${hostname}:${port}` });
+            listening.resolve();
+          },
+        }, app.fetch);
+        return listening.promise;
+      },
+      stop: async () => await server?.shutdown(),
     },
-    stop: once(async () => {
-      // Finish in-flight requests (their admissions commit), then close the pool.
-      await server?.shutdown();
-      await sql.end({ timeout: 5 });
-    }),
-  }, log);
-  return 0;
+  ], { log });
 }

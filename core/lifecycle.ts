@@ -1,9 +1,8 @@
 /**
- * Process lifecycle. Long-running parts implement `Service`: `start()` once,
- * `stop()` any number of times (the second call waits for the first).
- * `runUntilSignal` starts a service and stops it on SIGTERM or SIGINT.
+ * Long-running parts implement `Service`: `start()` once, `stop()` any
+ * number of times (the second call waits for the first). A process runs its
+ * parts with core/process_harness.ts.
  */
-import type { Logger } from "./log.ts";
 
 export interface Service {
   start(): Promise<void>;
@@ -14,24 +13,4 @@ export interface Service {
 export function once(stop: () => Promise<void>): () => Promise<void> {
   let stopping: Promise<void> | undefined;
   return () => (stopping ??= stop());
-}
-
-/** Starts `service`, then resolves after SIGTERM/SIGINT has stopped it. */
-export async function runUntilSignal(service: Service, log: Logger): Promise<void> {
-  const signalled = Promise.withResolvers<Deno.Signal>();
-  const signals: Deno.Signal[] = ["SIGTERM", "SIGINT"];
-  const handlers = signals.map((sig) => {
-    const h = () => signalled.resolve(sig);
-    Deno.addSignalListener(sig, h);
-    return [sig, h] as const;
-  });
-  try {
-    await service.start();
-    const sig = await signalled.promise;
-    log.info("stopping", { signal: sig });
-    await service.stop();
-    log.info("stopped");
-  } finally {
-    for (const [sig, h] of handlers) Deno.removeSignalListener(sig, h);
-  }
 }

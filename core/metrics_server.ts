@@ -7,6 +7,7 @@
 import type client from "prom-client";
 import type { Logger } from "./log.ts";
 import { checkReadiness, type Probe } from "./health.ts";
+import type { Part } from "./process_harness.ts";
 
 export interface MetricsServer {
   server: Deno.HttpServer;
@@ -58,4 +59,25 @@ export async function serveMetrics(
     return new Response("not found\n", { status: 404 });
   });
   return { server, port: await listening.promise };
+}
+
+/**
+ * `serveMetrics` as a part of a process (core/process_harness.ts) called
+ * "metrics server": it serves on start and finishes the requests in flight on stop.
+ */
+export function metricsPart(
+  registry: client.Registry,
+  hostname: string,
+  port: number,
+  log: Logger,
+  options: MetricsServerOptions = {},
+): Part {
+  let server: Deno.HttpServer | undefined;
+  return {
+    name: "metrics server",
+    async start() {
+      server = (await serveMetrics(registry, hostname, port, log, options)).server;
+    },
+    stop: async () => await server?.shutdown(),
+  };
 }

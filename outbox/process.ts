@@ -1,14 +1,15 @@
 /**
- * `main.ts outbox`: the outbox process. Reads its configuration, opens the
- * pool and the Kafka clients, runs an `OutboxPublisher`, an `OutboxPurger`,
- * a `RunPurger` (retention of finished runs, retention/run_purger.ts) and
- * its `/metrics`, `/healthz` and `/readyz` endpoint (OUTBOX_METRICS_PORT)
- * until SIGTERM/SIGINT, then lets the batch in flight finish and closes
- * producer, admin and pool.
+ * `main.ts outbox`: the outbox process. Reads its configuration, opens
+ * the pool and the Kafka clients, runs an `OutboxPublisher`, an `OutboxPurger`,
+ * a `RunPurger` (retention of finished runs) and its `/metrics`, `/healthz`
+ * and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT, then
+ * lets the batch in flight finish and closes producer, admin and pool
+ * (core/process_harness.ts: a second signal forces the exit).
  */
 import client from "prom-client";
 import { brokerList, processEnv } from "../core/config.ts";
-import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
+import { once, type Service } from "../core/lifecycle.ts";
+import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { outboxStats } from "../db/outbox.ts";
 import { createPool, ping, type Sql } from "../db/pool.ts";
@@ -20,7 +21,7 @@ import type { KafkaClientOptions } from "../kafka/client.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { type OutboxConfig, outboxEnvSchema, readOutboxConfig } from "./config.ts";
 import { createOutboxMetrics } from "./metrics.ts";
-import { serveMetrics } from "../core/metrics_server.ts";
+import { metricsPart } from "../core/metrics_server.ts";
 import { OutboxPublisher } from "./publisher.ts";
 import { OutboxPurger } from "./purger.ts";
 import {
@@ -104,19 +105,21 @@ export async function main(args: string[]): Promise<number> {
     log,
   });
   const runPurger = await createRunPurger(cfg, sql, kafkaClient, metrics.runPurgerHooks, log);
-  const metricsAt = { hostname: cfg.OUTBOX_METRICS_HOST, port: cfg.OUTBOX_METRICS_PORT };
-  await runUntilSignal(
-    outboxProcess(
-      publisher,
-      [purger, ...runPurger ? [runPurger] : []],
-      sql,
-      registry,
-      metricsAt,
-      log,
-    ),
-    log,
-  );
-  return 0;
+  return await runProcess([
+    // Closed last: everything else uses it.
+    { name: "pool", stop: () => sql.end({ timeout: 5 }) },
+    // Served first: readiness must be askable while Postgres is still away.
+    metricsPart(registry, cfg.OUTBOX_METRICS_HOST, cfg.OUTBOX_METRICS_PORT, log, {
+      probes: { postgres: (signal) => abortable(ping(sql), signal) },
+    }),
+    // Independent of each other: stopped together, the stop takes the longest
+    // of their waits, not the sum.
+    [
+      named("outbox publisher", publisher),
+      named("outbox purger", purger),
+      ...runPurger ? [named("run purger", runPurger)] : [],
+    ],
+  ], { log, stopDeadlineMs: stopDeadline(cfg.OUTBOX_SHUTDOWN_MS) });
 }
 
 // Reading the dispatch topics' retention gives up after this before a purge
@@ -188,36 +191,6 @@ async function createRunPurger(
     stop: once(async () => {
       await purger.stop();
       await admin.close();
-    }),
-  };
-}
-
-/**
- * The publisher, the purgers, the metrics endpoint and the pool as one service:
- * stopped in that order (publisher and purgers together), pool last.
- */
-function outboxProcess(
-  publisher: OutboxPublisher,
-  purgers: Service[],
-  sql: Sql,
-  registry: client.Registry,
-  metricsAt: { hostname: string; port: number },
-  log: Logger,
-): Service {
-  let server: Deno.HttpServer | undefined;
-  return {
-    async start() {
-      // Served first: readiness must be askable while Postgres is still away.
-      server = (await serveMetrics(registry, metricsAt.hostname, metricsAt.port, log, {
-        probes: { postgres: (signal) => abortable(ping(sql), signal) },
-      })).server;
-      await publisher.start();
-      for (const p of purgers) await p.start();
-    },
-    stop: once(async () => {
-      await Promise.all([publisher.stop(), ...purgers.map((p) => p.stop())]);
-      await server?.shutdown();
-      await sql.end({ timeout: 5 });
     }),
   };
 }

@@ -2,11 +2,12 @@
  * `deno task relay`: the inbox relay process. Its own failure domain: it
  * talks to Kafka and to the API over HTTP, never to Postgres (this module
  * graph holds no db/ or api/ code), and outlives outages of either with
- * retries. Stops gracefully on SIGTERM/SIGINT.
+ * retries. Stops gracefully on SIGTERM/SIGINT (core/process_harness.ts: a
+ * second signal forces the exit).
  */
 import client from "prom-client";
 import { brokerList, processEnv } from "../core/config.ts";
-import { once, runUntilSignal, type Service } from "../core/lifecycle.ts";
+import { type Part, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger } from "../core/log.ts";
 import { ApiClient } from "./api_client.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
@@ -16,7 +17,7 @@ import { createAdmin } from "../kafka/admin.ts";
 import { createConsumer } from "../kafka/consumer.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { createRelayMetrics } from "./metrics.ts";
-import { serveMetrics } from "../core/metrics_server.ts";
+import { metricsPart } from "../core/metrics_server.ts";
 import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
 import { abortable, httpProbe, PROBE_TIMEOUT_MS } from "../core/health.ts";
 
@@ -37,11 +38,14 @@ export async function main(args: string[]): Promise<number> {
   if (typeof line === "number") return line;
   const config = readRelayConfig(processEnv());
   const log = createLogger("relay", config.LOG_LEVEL);
-  await runUntilSignal(relayProcess(config, log), log);
-  return 0;
+  return await runProcess(relayParts(config, log), {
+    log,
+    stopDeadlineMs: stopDeadline(config.RELAY_SHUTDOWN_MS),
+  });
 }
 
-function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>): Service {
+/** The probes' admin client, the metrics server, then the inbox relay: stopped in reverse. */
+function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): Part[] {
   const registry = new client.Registry();
   const metrics = createRelayMetrics(registry);
   const kafka = {
@@ -55,7 +59,6 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
     return tenant !== undefined && tenants.test(tenant);
   };
   let relay: InboxRelay | undefined;
-  let server: Deno.HttpServer | undefined;
   // Its own client, failing fast: the relay's admin retries, which would
   // make a probe outlast its timeout and pile up behind it.
   const probeAdmin = createAdmin({
@@ -65,23 +68,9 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
     requestTimeoutMs: PROBE_TIMEOUT_MS,
     connectTimeoutMs: PROBE_TIMEOUT_MS,
   });
-  return {
+  const inbox: Part = {
+    name: "inbox relay",
     async start() {
-      // Metrics first: lag must be visible while Kafka or the API is still away.
-      const served = await serveMetrics(
-        registry,
-        config.RELAY_METRICS_HOST,
-        config.RELAY_METRICS_PORT,
-        log,
-        {
-          health: () => ({ pending: relay?.pending ?? 0 }),
-          probes: {
-            kafka: (signal) => abortable(probeAdmin.listTopics(), signal),
-            api: httpProbe(`${config.API_URL.replace(/\/+$/, "")}/healthz`),
-          },
-        },
-      );
-      server = served.server;
       const admin = createAdmin({ ...kafka, clientId: `${kafka.clientId}-admin` });
       relay = new InboxRelay({
         groupId: config.RELAY_GROUP_ID,
@@ -128,10 +117,18 @@ function relayProcess(config: RelayConfig, log: ReturnType<typeof createLogger>)
         group: config.RELAY_GROUP_ID,
       });
     },
-    stop: once(async () => {
-      await relay?.stop();
-      await server?.shutdown();
-      await probeAdmin.close();
-    }),
+    stop: async () => await relay?.stop(),
   };
+  return [
+    { name: "readiness admin", stop: () => probeAdmin.close() },
+    // Metrics first: lag must be visible while Kafka or the API is still away.
+    metricsPart(registry, config.RELAY_METRICS_HOST, config.RELAY_METRICS_PORT, log, {
+      health: () => ({ pending: relay?.pending ?? 0 }),
+      probes: {
+        kafka: (signal) => abortable(probeAdmin.listTopics(), signal),
+        api: httpProbe(`${config.API_URL.replace(/\/+$/, "")}/healthz`),
+      },
+    }),
+    inbox,
+  ];
 }

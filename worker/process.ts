@@ -2,16 +2,15 @@
  * `main.ts worker`: the executor process. Reads its configuration, opens the
  * pool, runs a `Worker` and its `/metrics`, `/healthz` and `/readyz` endpoint
  * (WORKER_METRICS_PORT) until SIGTERM/SIGINT, then stops gracefully and
- * closes the pool.
+ * closes the pool (core/process_harness.ts: a second signal forces the exit).
  */
 import client from "prom-client";
 import { processEnv } from "../core/config.ts";
-import type { Service } from "../core/lifecycle.ts";
-import { once, runUntilSignal } from "../core/lifecycle.ts";
-import { createLogger, type Logger } from "../core/log.ts";
-import { serveMetrics } from "../core/metrics_server.ts";
+import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
+import { createLogger } from "../core/log.ts";
+import { metricsPart } from "../core/metrics_server.ts";
 import { abortable } from "../core/health.ts";
-import { createPool, ping, type Sql } from "../db/pool.ts";
+import { createPool, ping } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import { queueStats } from "../db/queue.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
@@ -68,35 +67,13 @@ export async function main(args: string[]): Promise<number> {
         applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
       }),
   });
-  await runUntilSignal(
-    workerProcess(worker, sql, registry, cfg.WORKER_METRICS_HOST, cfg.WORKER_METRICS_PORT, log),
-    log,
-  );
-  return 0;
-}
-
-/** The worker, its metrics endpoint and its pool as one service: stopped in that order, pool last. */
-function workerProcess(
-  worker: Worker,
-  sql: Sql,
-  registry: client.Registry,
-  metricsHost: string,
-  metricsPort: number,
-  log: Logger,
-): Service {
-  let server: Deno.HttpServer | undefined;
-  return {
-    async start() {
-      // Served first: readiness must be askable while Postgres is still away.
-      server = (await serveMetrics(registry, metricsHost, metricsPort, log, {
-        probes: { postgres: (signal) => abortable(ping(sql), signal) },
-      })).server;
-      await worker.start();
-    },
-    stop: once(async () => {
-      await worker.stop();
-      await server?.shutdown();
-      await sql.end({ timeout: 5 });
+  return await runProcess([
+    // Closed last: everything above uses it.
+    { name: "pool", stop: () => sql.end({ timeout: 5 }) },
+    // Served first: readiness must be askable while Postgres is still away.
+    metricsPart(registry, cfg.WORKER_METRICS_HOST, cfg.WORKER_METRICS_PORT, log, {
+      probes: { postgres: (signal) => abortable(ping(sql), signal) },
     }),
-  };
+    named("worker", worker),
+  ], { log, stopDeadlineMs: stopDeadline(cfg.WORKER_SHUTDOWN_MS) });
 }
