@@ -24,10 +24,35 @@ const SECRET_KEYS = /authorization|token|password|secret/i;
 // log inside an error message or a config echo, not only under a secret key.
 const URL_PASSWORD = /(\b[a-z][a-z0-9+.-]*:\/\/[^\s:/@]*:)[^\s/@]*@/gi;
 
-/** `value` as it may be written: secrets replaced, errors as their message. */
+// How many causes deep an error is written: a cycle or a library's long
+// chain must not make a line of any length.
+const MAX_CAUSES = 6;
+
+/**
+ * An error as it is written, once for every part: its name, message, poimen
+ * code and `retryable` when it has them, and its cause chain (an
+ * AggregateError's last error standing for its cause, as the Kafka library
+ * reports the attempt that failed last). Never the stack.
+ */
+function serializeError(error: Error, depth: number): Fields {
+  const out: Fields = { name: error.name, message: redact(error.message) };
+  const { code, retryable } = error as { code?: unknown; retryable?: unknown };
+  if (typeof code === "string" || typeof code === "number") out.code = code;
+  if (typeof retryable === "boolean") out.retryable = retryable;
+  const nested = (error as { errors?: unknown }).errors;
+  const cause = Array.isArray(nested) && nested.length > 0
+    ? nested[nested.length - 1]
+    : error.cause;
+  if (cause !== undefined && depth < MAX_CAUSES) {
+    out.cause = cause instanceof Error ? serializeError(cause, depth + 1) : redact(cause);
+  }
+  return out;
+}
+
+/** `value` as it may be written: secrets replaced, errors serialised (`serializeError`). */
 function redact(value: unknown, parents: object[] = []): unknown {
   if (typeof value === "string") return value.replace(URL_PASSWORD, "$1[redacted]@");
-  if (value instanceof Error) return redact(value.message);
+  if (value instanceof Error) return serializeError(value, 0);
   if (typeof value !== "object" || value === null) return value;
   if (parents.includes(value)) return "[circular]";
   // Whatever JSON.stringify would write instead (a URL's href, a Date's ISO string).

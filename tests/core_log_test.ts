@@ -4,6 +4,7 @@
  * line, not the logger's internals: the secret's text must not appear.
  */
 import assert from "node:assert/strict";
+import { PoimenError } from "../core/errors.ts";
 import { createLogger, type Fields, type Level, type Logger } from "../core/log.ts";
 
 const SECRET = "s3cr3t-7f9a41";
@@ -91,13 +92,39 @@ Deno.test("log: the password of a URL is redacted wherever the URL appears", () 
     target: new URL(`postgres://poimen:${SECRET}@db.internal/poimen`),
   });
   assert.equal(line.url, "postgres://poimen:[redacted]@db.internal:5432/poimen");
-  assert.equal(line.error, "connect to postgres://poimen:[redacted]@db.internal/poimen failed");
+  assert.equal(
+    (line.error as Record<string, unknown>).message,
+    "connect to postgres://poimen:[redacted]@db.internal/poimen failed",
+  );
   assert.equal(line.target, "postgres://poimen:[redacted]@db.internal/poimen");
 });
 
-Deno.test("log: an error is written as its message, without the stack", () => {
+Deno.test("log: an error is written as its name and message, without the stack", () => {
   const line = logged({ error: new Error("boom") });
-  assert.equal(line.error, "boom");
+  assert.deepEqual(line.error, { name: "Error", message: "boom" });
+});
+
+Deno.test("log: an error's code, retryable flag and cause chain are written, bounded", () => {
+  const root = Object.assign(new Error("ECONNREFUSED 127.0.0.1:9092"), { code: "ECONNREFUSED" });
+  const aggregate = new AggregateError([new Error("first try"), root], "all brokers failed");
+  const line = logged({
+    error: new PoimenError("database-unavailable", "could not admit", { cause: aggregate }),
+  });
+  assert.deepEqual(line.error, {
+    name: "PoimenError",
+    message: "could not admit",
+    code: "database-unavailable",
+    retryable: true,
+    cause: {
+      name: "AggregateError",
+      message: "all brokers failed",
+      cause: { name: "Error", message: "ECONNREFUSED 127.0.0.1:9092", code: "ECONNREFUSED" },
+    },
+  });
+  let deep: Error = new Error("bottom");
+  for (let i = 0; i < 20; i++) deep = new Error(`level ${i}`, { cause: deep });
+  const text = JSON.stringify(logged({ error: deep }).error);
+  assert.equal(text.match(/"message"/g)?.length, 7, "the error and six causes");
 });
 
 Deno.test("log: a field that refers to itself is written, not a crash", () => {

@@ -87,7 +87,7 @@ Deno.test("process stop: a worker whose metrics port is taken exits 1 with one l
     assert.equal(lines.length, 1, lines.join("\n"));
     const [failed] = logged(worker, "start failed");
     assert.equal(failed?.part, "metrics server", lines.join("\n"));
-    assert.match(String(failed.error), /in use/i);
+    assert.match(JSON.stringify(failed.error), /in use/i);
   } finally {
     await worker.stop("SIGKILL");
     taken.close();
