@@ -7,7 +7,7 @@
  * violates it, and no request leaves localhost.
  *
  * CONSOLE_SCREENSHOTS=docs/console also saves one screenshot per page there
- * (the README shows them).
+ * (docs/console.md shows them).
  */
 import assert from "node:assert/strict";
 import type { Page } from "playwright-core";
