@@ -16,8 +16,8 @@ export interface ErrorKind {
  * Every code poimen reports, in one table. The API's problem bodies, the
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
- * never reach HTTP (`config`, `bad-result`, `result-too-large`) still get a status, so that
- * one type covers all.
+ * never reach HTTP (`config`, `bad-result`, `result-too-large`,
+ * `lease-expired`) still get a status, so that one type covers all.
  */
 export const ERRORS = {
   "bad-json": { status: 400, title: "Request body is not valid JSON", retryable: false },
@@ -59,6 +59,12 @@ export const ERRORS = {
     title: "Workflow result is larger than RUN_RESULT_MAX_BYTES",
     retryable: false,
   },
+  /**
+   * A run's last attempt ended with its lease expired (the worker died or
+   * lost Postgres): written by the reclaimer's SQL (db/queue.ts) as a run
+   * error, never HTTP. Final: the attempts are spent.
+   */
+  "lease-expired": { status: 500, title: "The run's lease expired", retryable: false },
   internal: { status: 500, title: "Internal error", retryable: true },
 } as const satisfies Record<string, ErrorKind>;
 
