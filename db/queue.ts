@@ -352,8 +352,12 @@ export interface Completion {
   run_id: string;
   /** The attempt the result belongs to (the fencing token). */
   attempt: number;
-  /** JSON; undefined is stored as null. */
-  result: unknown;
+  /**
+   * The result as JSON text (worker/run_output.ts's `encodeResult`), written
+   * as it is: a result is stringified once, by the worker, and parsed once,
+   * by Postgres.
+   */
+  result_json: string;
 }
 
 /**
@@ -372,7 +376,7 @@ export async function completeRun(
   result: unknown,
 ): Promise<boolean> {
   const [done] = await completeRuns(sql, owner, [
-    { tenant_id: tenantId, run_id: runId, attempt, result },
+    { tenant_id: tenantId, run_id: runId, attempt, result_json: JSON.stringify(result) ?? "null" },
   ]);
   return done;
 }
@@ -382,7 +386,8 @@ export async function completeRun(
  * commit: a worker finishing many short runs at once pays one WAL flush for
  * them, not one each. Returns, per completion in order, whether it was
  * written (false: that attempt's lease was lost, and nothing of it was
- * written). A run may appear once per batch.
+ * written). A run may appear once per batch. Each `result_json` must be
+ * JSON text (jsonb can store): one that is not fails the whole statement.
  *
  * Each run is found by a primary-key probe (a lateral subquery with `FOR
  * UPDATE` is never flattened into a join the planner could hash over a scan
@@ -395,21 +400,27 @@ export async function completeRuns(
   completions: Completion[],
 ): Promise<boolean[]> {
   if (completions.length === 0) return [];
-  const batch = sql.json(
-    completions.map((c, i) => ({
-      i,
-      tenant_id: c.tenant_id,
-      run_id: c.run_id,
-      attempt: c.attempt,
-      result: toJson(c.result),
-    })) as unknown as postgres.JSONValue,
-  );
+  // The batch's JSON is put together around each result's text, so no
+  // result is parsed or stringified again here.
+  const batch = `[${
+    completions.map((c, i) => {
+      const head = JSON.stringify({
+        i,
+        tenant_id: c.tenant_id,
+        run_id: c.run_id,
+        attempt: c.attempt,
+      });
+      return `${head.slice(0, -1)},"result":${c.result_json}}`;
+    }).join(",")
+  }]`;
   const rows = await sql<{ i: number }[]>`
     with q as (
       -- The result is taken as it is (jsonb_to_record would turn a JSON null
       -- into SQL NULL).
       select q.i, q.tenant_id, q.run_id, q.attempt, e.x -> 'result' as result
-        from jsonb_array_elements(${batch}) as e(x)
+        -- Sent as text: a jsonb parameter is JSON.stringify'd by postgres.js,
+        -- which would store the text as one JSON string.
+        from jsonb_array_elements(${batch}::text::jsonb) as e(x)
        cross join lateral jsonb_to_record(e.x)
              as q(i integer, tenant_id text, run_id uuid, attempt integer)
     ),

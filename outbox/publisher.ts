@@ -30,7 +30,9 @@
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
-import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
+import { backoffWithJitter, delay, within } from "../core/time.ts";
+import { WakeableSleep } from "../core/wakeable_sleep.ts";
+import { Listener } from "../db/listener.ts";
 import { OUTBOX_CHANNEL } from "../db/notify.ts";
 import { claimPendingEvents, markPublished, parkEvents } from "../db/outbox.ts";
 import type { Sql } from "../db/pool.ts";
@@ -93,11 +95,9 @@ export class OutboxPublisher implements Service {
   #outage: { phase: Phase; since: number; attempts: number } | undefined;
   #shipping: Promise<void> = Promise.resolve();
   #started = false;
-  /** A notification arrived since the last claim began: claim again without waiting. */
-  #woken = false;
-  #wakeup: AbortController | undefined;
-  #unlisten: (() => Promise<void>) | undefined;
-  #listening: Promise<void> = Promise.resolve();
+  /** The wait between batches; a notification ends it. */
+  readonly #sleep = new WakeableSleep(this.#abort.signal);
+  readonly #listener: Listener | undefined;
 
   constructor(sql: Sql, kafka: OutboxKafka, opts: OutboxPublisherOptions) {
     this.#sql = sql;
@@ -110,6 +110,14 @@ export class OutboxPublisher implements Service {
     this.#opts = opts;
     this.#log = opts.log;
     this.#maxBytes = opts.topics.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    const wake = () => this.#sleep.wake();
+    this.#listener = opts.listener &&
+      new Listener({
+        connect: opts.listener,
+        channels: { [OUTBOX_CHANNEL]: wake },
+        onListen: wake,
+        log: this.#log,
+      });
   }
 
   /**
@@ -120,7 +128,7 @@ export class OutboxPublisher implements Service {
   async start(): Promise<void> {
     if (this.#started) throw new Error("outbox publisher already started");
     this.#started = true;
-    if (this.#opts.listener && !await this.#listen()) this.#listening = this.#listenLoop();
+    await this.#listener?.start();
     this.#shipping = this.#shipLoop();
     this.#log.info("outbox publisher started", {
       batch_size: this.#opts.batchSize,
@@ -134,12 +142,7 @@ export class OutboxPublisher implements Service {
    */
   readonly stop: () => Promise<void> = once(async () => {
     this.#abort.abort();
-    await this.#listening;
-    try {
-      await this.#unlisten?.();
-    } catch (err) {
-      this.#log.warn("unlisten failed", { error: err });
-    }
+    await this.#listener?.stop();
     const finished = await within(this.#shipping, this.#opts.shutdownMs);
     if (!finished) {
       this.#log.warn("batch in flight did not finish in time, abandoning it", {
@@ -160,7 +163,7 @@ export class OutboxPublisher implements Service {
       try {
         // Reset before the claim: a notification arriving while it runs is
         // kept and makes the next wait return at once.
-        this.#woken = false;
+        this.#sleep.clear();
         const batch = await this.#shipBatch();
         full = batch.full;
         this.#recovered(batch.published);
@@ -174,51 +177,7 @@ export class OutboxPublisher implements Service {
         continue;
       }
       // A full batch means more are probably waiting: go again at once.
-      if (!full) await this.#sleep(this.#opts.pollMs);
-    }
-  }
-
-  /** Waits `ms`, or less if notified (or stopping). */
-  async #sleep(ms: number): Promise<void> {
-    if (this.#woken) {
-      this.#woken = false;
-      return;
-    }
-    this.#wakeup = new AbortController();
-    await delay(ms, AbortSignal.any([this.#wakeup.signal, this.#abort.signal]));
-    this.#wakeup = undefined;
-    this.#woken = false;
-  }
-
-  #wake(): void {
-    this.#woken = true;
-    this.#wakeup?.abort();
-  }
-
-  async #listen(): Promise<boolean> {
-    const own = this.#opts.listener!();
-    try {
-      // onlisten also fires after postgres.js re-connects the listener:
-      // notifications sent while it was down are lost, so claim once then.
-      const sub = await own.listen(OUTBOX_CHANNEL, () => this.#wake(), () => this.#wake());
-      this.#unlisten = async () => {
-        await sub.unlisten();
-        await own.end({ timeout: 1 });
-      };
-      return true;
-    } catch (err) {
-      await own.end({ timeout: 0 }).catch(() => {});
-      this.#log.warn("listen failed; polling until it succeeds", { error: err });
-      return false;
-    }
-  }
-
-  async #listenLoop(): Promise<void> {
-    const signal = this.#abort.signal;
-    for (let n = 1; !signal.aborted; n++) {
-      await delay(backoffWithJitter(n, SECOND, 30 * SECOND), signal);
-      if (signal.aborted) return;
-      if (await this.#listen()) return;
+      if (!full) await this.#sleep.sleep(this.#opts.pollMs);
     }
   }
 

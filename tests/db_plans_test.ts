@@ -127,12 +127,12 @@ function hotStatements(s: Sample): HotStatement[] {
       name: "queue: completeRuns, a batch (one run of it still running)",
       call: (sql) =>
         completeRuns(sql, s.owner, [
-          { tenant_id: s.tenant, run_id: s.runningRun, attempt: s.attempt, result: [1] },
+          { tenant_id: s.tenant, run_id: s.runningRun, attempt: s.attempt, result_json: "[1]" },
           ...Array.from({ length: 15 }, () => ({
             tenant_id: s.tenant,
             run_id: crypto.randomUUID(),
             attempt: 1,
-            result: null,
+            result_json: "null",
           })),
         ]),
       indexes: { runs: ["runs_pkey"] },

@@ -300,11 +300,11 @@ Deno.test("completeRuns() writes the batch's live attempts in one statement and 
     const [other] = await claimRuns(db.sql, "w-other", 1, LEASE_MS);
     assert.equal(other.run_id, c);
     const written = await completeRuns(db.sql, OWNER, [
-      { tenant_id: TENANT, run_id: runId, attempt: 1, result: { n: 1 } },
-      { tenant_id: TENANT, run_id: a, attempt: 2, result: "stale attempt" },
-      { tenant_id: TENANT, run_id: b, attempt: 1, result: undefined },
-      { tenant_id: TENANT, run_id: c, attempt: 1, result: "not mine" },
-      { tenant_id: TENANT, run_id: crypto.randomUUID(), attempt: 1, result: 1 },
+      { tenant_id: TENANT, run_id: runId, attempt: 1, result_json: '{"n": 1}' },
+      { tenant_id: TENANT, run_id: a, attempt: 2, result_json: '"stale attempt"' },
+      { tenant_id: TENANT, run_id: b, attempt: 1, result_json: "null" },
+      { tenant_id: TENANT, run_id: c, attempt: 1, result_json: '"not mine"' },
+      { tenant_id: TENANT, run_id: crypto.randomUUID(), attempt: 1, result_json: "1" },
     ]);
     assert.deepEqual(written, [true, false, true, false, false]);
     const [r1, ra, rb, rc] = await Promise.all([runId, a, b, c].map((id) => runRow(db.sql, id)));

@@ -131,7 +131,7 @@ async function exited(p: Deno.ChildProcess): Promise<{ code: number; stderr: str
   return { code: status.code, stderr: err };
 }
 
-Deno.test("queue: a claimed run ends succeeded with its result and events admitted, started, succeeded", async () => {
+Deno.test("worker: a claimed run ends succeeded with its result, after events admitted, started, succeeded", async () => {
   const { db, admit } = await setup();
   const w = worker(db.sql);
   try {
@@ -156,7 +156,7 @@ Deno.test("queue: a claimed run ends succeeded with its result and events admitt
   }
 });
 
-Deno.test("queue: 200 runs with 3 workers each run exactly once", async () => {
+Deno.test("worker: 200 runs shared by 3 workers each run exactly once", async () => {
   const { db, admit } = await setup();
   const workers = [0, 1, 2].map(() => worker(db.sql, { concurrency: 8 }));
   try {
@@ -198,7 +198,7 @@ Deno.test("queue: 200 runs with 3 workers each run exactly once", async () => {
   }
 });
 
-Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SIGTERM stops them cleanly", async () => {
+Deno.test("worker: 200 runs shared by 3 worker processes each run exactly once, and SIGTERM stops them cleanly", async () => {
   const { db, admit } = await setup();
   const procs: Deno.ChildProcess[] = [];
   try {
@@ -259,7 +259,7 @@ Deno.test("queue: 200 runs with 3 worker processes each run exactly once, and SI
   }
 });
 
-Deno.test("queue: a worker process killed with SIGKILL mid-run loses no run: another finishes it after the lease expires", async () => {
+Deno.test("worker: a process killed with SIGKILL mid-run loses no run: another worker finishes it after the lease expires", async () => {
   const { db, admit } = await setup();
   const proc = spawnWorker(db.url, { WORKER_ID: "doomed", WORKER_LEASE_MS: "2000" });
   const rescuer = worker(db.sql, { leaseMs: 2_000, pollMs: 100 });
@@ -298,7 +298,7 @@ Deno.test("queue: a worker process killed with SIGKILL mid-run loses no run: ano
   }
 });
 
-Deno.test("queue: the reclaimer returns a run whose lease expired to the queue and reports it", async () => {
+Deno.test("worker: its reclaimer returns a run whose lease expired to the queue and reports it", async () => {
   const { db, admit } = await setup();
   const reported: ReclaimedRun[] = [];
   const reclaimer = new Reclaimer(db.sql, {
@@ -327,7 +327,7 @@ Deno.test("queue: the reclaimer returns a run whose lease expired to the queue a
   }
 });
 
-Deno.test("queue: a failing run is retried with backoff, then failed after max_attempts, with an event per step", async () => {
+Deno.test("worker: a failing run is retried with backoff, then failed after max_attempts, with an event per step", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   const w = worker(db.sql, { hooks: { onFinished: (o) => outcomes.push(o) } });
@@ -365,7 +365,7 @@ Deno.test("queue: a failing run is retried with backoff, then failed after max_a
   }
 });
 
-Deno.test("queue: a run that fails fewer times than max_attempts succeeds on a retry", async () => {
+Deno.test("worker: a run that fails fewer times than max_attempts succeeds on a retry", async () => {
   const { db, admit } = await setup();
   const w = worker(db.sql);
   try {
@@ -381,7 +381,7 @@ Deno.test("queue: a run that fails fewer times than max_attempts succeeds on a r
   }
 });
 
-Deno.test("queue: a run whose pinned workflow version this worker lacks fails with a clear error", async () => {
+Deno.test("worker: a run whose pinned workflow version it lacks fails with a clear error", async () => {
   const newer = builtinRegistry().register({
     name: "echo",
     version: 2,
@@ -417,7 +417,7 @@ async function queriesSince(sql: Sql, application: string, since: string): Promi
   return rows.map((r) => r.query).filter((q) => !/^\s*unlisten\b/i.test(q));
 }
 
-Deno.test("queue: stop twice is safe, and a stopped worker sends no query and claims nothing", async () => {
+Deno.test("worker: stop twice is safe, and once stopped it sends no query and claims nothing", async () => {
   const { db, admit } = await setup();
   // The worker gets a pool of its own, named, so Postgres can tell its queries from the test's.
   const application = `poimen-test-stopped-${crypto.randomUUID().slice(0, 8)}`;
@@ -460,7 +460,7 @@ Deno.test("queue: stop twice is safe, and a stopped worker sends no query and cl
   }
 });
 
-Deno.test("queue: graceful stop releases a run still running after the shutdown wait, and another worker finishes it", async () => {
+Deno.test("worker: graceful stop releases a run still running after the shutdown wait, and another worker finishes it", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   const w = worker(db.sql, { shutdownMs: 200, hooks: { onFinished: (o) => outcomes.push(o) } });
@@ -491,7 +491,7 @@ Deno.test("queue: graceful stop releases a run still running after the shutdown 
   }
 });
 
-Deno.test("queue: a worker that loses its lease aborts the handler and writes nothing", async () => {
+Deno.test("worker: losing its lease aborts the handler and writes nothing", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   const w = worker(db.sql, { leaseMs: 600, hooks: { onFinished: (o) => outcomes.push(o) } });
@@ -514,7 +514,7 @@ Deno.test("queue: a worker that loses its lease aborts the handler and writes no
   }
 });
 
-Deno.test("queue: queueStats counts queued and running runs and ages the oldest due one", async () => {
+Deno.test("worker: queueStats counts the queued and the running runs and ages the oldest due one", async () => {
   const { db, admit } = await setup();
   try {
     const empty = await queueStats(db.sql);
@@ -535,7 +535,7 @@ Deno.test("queue: queueStats counts queued and running runs and ages the oldest 
 
 const jsonBytes = (v: unknown) => new TextEncoder().encode(JSON.stringify(v)).length;
 
-Deno.test("queue: an echo run whose result would be ~4 MB as JSON fails with result-too-large, and no event carries it", async () => {
+Deno.test("worker: an echo run whose result would be ~4 MB as JSON fails with result-too-large, and no event carries it", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   const w = worker(db.sql, { hooks: { onFinished: (o) => outcomes.push(o) } });
@@ -563,7 +563,45 @@ Deno.test("queue: an echo run whose result would be ~4 MB as JSON fails with res
   }
 });
 
-Deno.test("queue: a handler error too large or holding a NUL is stored storable and cut to RUN_RESULT_MAX_BYTES", async () => {
+Deno.test("worker: a result JSON has no text for (a function) or jsonb cannot store (a NUL) fails its run with bad-result at once; look-alike text is stored as it is", async () => {
+  const lookalike = { s: "\\u0000 \\ud800 \\\\u0000 😀 \u0001", n: [1, null, { "é": true }] };
+  const registry = builtinRegistry().register({
+    name: "odd",
+    version: 1,
+    maxAttempts: 3,
+    input: z.enum(["function", "nul", "lookalike"]),
+    handler: (kind) =>
+      Promise.resolve(
+        kind === "function" ? () => 1 : kind === "nul" ? { a: ["ok", "x\0"] } : lookalike,
+      ),
+  });
+  const { db, admit } = await setup(registry);
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { hooks: { onFinished: (o) => outcomes.push(o) } }, registry);
+  try {
+    await w.start();
+    const fn = await admit("odd", "function");
+    const nul = await admit("odd", "nul");
+    const ok = await admit("odd", "lookalike");
+    for (const runId of [fn, nul]) {
+      const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 10_000);
+      assert.equal(row.error?.code, "bad-result");
+      assert.equal(row.attempts, 1, "final: the same input gives the same result");
+      assert.equal(row.result, null);
+    }
+    assert.match((await runRow(db.sql, nul)).error?.message as string, /\$\.a\[1\]/);
+    const row = await waitFor("run succeeded", statusIs(db.sql, ok, "succeeded"), 10_000);
+    assert.deepEqual(row.result, lookalike);
+    const evs = await events(db.sql, ok);
+    assert.deepEqual(evs[2].payload, { attempt: 1, result: lookalike });
+    assert.deepEqual(outcomes.sort(), ["failed", "failed", "succeeded"]);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: a handler error too large or holding a NUL is stored storable and cut to RUN_RESULT_MAX_BYTES", async () => {
   const registry = builtinRegistry().register({
     name: "loud",
     version: 1,
@@ -598,7 +636,7 @@ Deno.test("queue: a handler error too large or holding a NUL is stored storable 
   }
 });
 
-Deno.test("queue: a worker's completion for an attempt that is over is fenced, even under its own id, and counted", async () => {
+Deno.test("worker: its completion for an attempt that is over is fenced, even under its own id, and counted", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   const fenced: FencedStatement[] = [];
@@ -626,7 +664,7 @@ Deno.test("queue: a worker's completion for an attempt that is over is fenced, e
   }
 });
 
-Deno.test("queue: a heartbeat stuck on a row lock times out, and the handler is aborted when the lease runs out", async () => {
+Deno.test("worker: a heartbeat stuck on a row lock times out, and the handler is aborted when the lease runs out", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   let timeouts = 0;
@@ -664,7 +702,7 @@ Deno.test("queue: a heartbeat stuck on a row lock times out, and the handler is 
   }
 });
 
-Deno.test("queue cancel: a cancel the worker was not notified of reaches the handler through its heartbeat", async () => {
+Deno.test("worker: a cancel it was not notified of reaches the handler through its heartbeat", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   // Beats every second. The request below is written without a NOTIFY, so
@@ -691,7 +729,7 @@ Deno.test("queue cancel: a cancel the worker was not notified of reaches the han
   }
 });
 
-Deno.test("queue cancel: a handler that ignores its aborted signal and returns a result succeeds", async () => {
+Deno.test("worker: after a cancel, a handler that ignores its aborted signal and returns a result succeeds", async () => {
   const registry = builtinRegistry().register({
     name: "stubborn",
     version: 1,
@@ -719,7 +757,7 @@ Deno.test("queue cancel: a handler that ignores its aborted signal and returns a
   }
 });
 
-Deno.test("queue: a finishing write stuck on a row lock frees the handler's slot: the worker claims and finishes other runs meanwhile", async () => {
+Deno.test("worker: a finishing write stuck on a row lock frees the handler's slot: it claims and finishes other runs meanwhile", async () => {
   // `gate@1` returns when the test opens its gate: the test decides when a
   // handler ends.
   const gates = new Map<number, () => void>();

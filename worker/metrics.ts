@@ -2,7 +2,7 @@
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import type { QueueStats } from "../db/queue.ts";
-import type { WorkerHooks } from "./worker.ts";
+import type { WorkerHooks } from "./hooks.ts";
 
 export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;
 

@@ -30,39 +30,64 @@ export function attemptError(
   return { code, message, ...extra };
 }
 
+/** A handler's result as it is written (its JSON text), or why it cannot be. */
+export type EncodedResult =
+  | { json: string; error?: undefined }
+  | { json?: undefined; error: AttemptError };
+
+// The only way JSON.stringify writes a NUL or an unpaired surrogate (ES2019
+// well-formed stringify, lowercase hex); valid pairs are written as they
+// are. An escape counts only after an even run of backslashes: `\\u0000`
+// is a backslash followed by "u0000", which jsonb stores.
+const UNSTORABLE_ESCAPE = /(?<!\\)(?:\\\\)*\\u(?:0000|d[89a-f][0-9a-f]{2})/;
+
 /**
- * Checks a handler's result before it is written: undefined when it can be
- * stored as is, else the error that fails the attempt. Both failures are
- * final (not retried): the same input gives the same result again.
- * - `bad-result`: not JSON, or holds a string Postgres jsonb cannot store
- *   (a NUL character, an unpaired surrogate), which would otherwise fail the
- *   finishing write itself and leave the run to expire its lease, attempt
- *   after attempt;
+ * Turns a handler's result into the JSON text that is written, once: the
+ * size check, the storability check and the write all use this one string
+ * (undefined is written as null). Or the error that fails the attempt; both
+ * failures are final (not retried): the same input gives the same result again.
+ * - `bad-result`: not JSON (a cycle, a BigInt, a function), or holds a
+ *   string Postgres jsonb cannot store (a NUL character, an unpaired
+ *   surrogate), which would otherwise fail the finishing write itself and
+ *   leave the run to expire its lease, attempt after attempt;
  * - `result-too-large`: its JSON is over `maxBytes`.
  */
-export function checkResult(result: unknown, maxBytes: number): AttemptError | undefined {
-  let json: string;
+export function encodeResult(result: unknown, maxBytes: number): EncodedResult {
+  let json: string | undefined;
   try {
     json = JSON.stringify(result ?? null);
   } catch (err) {
-    return attemptError("bad-result", `result is not JSON: ${errorMessage(err)}`);
+    return { error: attemptError("bad-result", `result is not JSON: ${errorMessage(err)}`) };
+  }
+  if (json === undefined) {
+    return {
+      error: attemptError(
+        "bad-result",
+        `result is not JSON: JSON.stringify gives nothing for this ${typeof result}`,
+      ),
+    };
   }
   const bytes = utf8Bytes(json);
   if (bytes > maxBytes) {
-    return attemptError(
-      "result-too-large",
-      `result is ${bytes} bytes as JSON, over RUN_RESULT_MAX_BYTES (${maxBytes})`,
-      { bytes, limit: maxBytes },
-    );
+    return {
+      error: attemptError(
+        "result-too-large",
+        `result is ${bytes} bytes as JSON, over RUN_RESULT_MAX_BYTES (${maxBytes})`,
+        { bytes, limit: maxBytes },
+      ),
+    };
   }
-  const bad = unstorableString(JSON.parse(json));
-  if (bad !== undefined) {
-    return attemptError(
-      "bad-result",
-      `result ${bad} holds a NUL character or an unpaired surrogate, which Postgres cannot store`,
-    );
+  if (json.includes("\\u") && UNSTORABLE_ESCAPE.test(json)) {
+    // Only a result that is refused is parsed: to say where the string is.
+    const at = unstorableString(JSON.parse(json)) ?? "$";
+    return {
+      error: attemptError(
+        "bad-result",
+        `result ${at} holds a NUL character or an unpaired surrogate, which Postgres cannot store`,
+      ),
+    };
   }
-  return undefined;
+  return { json };
 }
 
 /**

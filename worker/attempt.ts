@@ -1,0 +1,130 @@
+/**
+ * One claimed attempt of a run: what this worker knows of it while it holds
+ * the run (`Attempt`), and executing it: resolving the pinned workflow
+ * version, validating the stored input again and calling the handler with
+ * its context, whose `signal` is aborted when the lease is lost, a cancel
+ * is requested or the worker shuts down.
+ */
+import type { Logger } from "../core/log.ts";
+import type { AttemptError, ClaimedRun } from "../db/queue.ts";
+import type { WorkflowRegistry } from "../workflows/registry.ts";
+import { attemptError, errorMessage } from "./run_output.ts";
+
+/** A claimed attempt while this worker holds it (from the claim to its finishing write). */
+export interface Attempt {
+  run: ClaimedRun;
+  /** `<tenant>/<run_id>`: a worker holds one attempt of a run at a time. */
+  key: string;
+  /** The worker's logger with the run's tenant, id and attempt. */
+  log: Logger;
+  /**
+   * Until when this worker is sure it holds the lease: measured from before
+   * the claim was sent, then from before each heartbeat that answered, so
+   * never later than the database's own expiry.
+   */
+  lease: { until: number };
+  /** Aborted (the handler's signal) on lease loss, cancel or shutdown. */
+  abort: AbortController;
+  /** Aborted when this worker stops caring about the run: stops its heartbeat. */
+  done: AbortController;
+  /** Aborted to make the heartbeat beat now (a cancel notification); replaced each beat. */
+  nudge: AbortController;
+  /** A heartbeat found a cancel requested: the handler's signal is aborted. */
+  cancelRequested: boolean;
+  /** Set on shutdown timeout: the release writes the run back, the attempt writes nothing. */
+  abandoned: boolean;
+  lost: boolean;
+  /** The handler returned or threw; only the finishing write is left. */
+  settled: boolean;
+  /** Settles once the attempt is over and written (or given up). */
+  finished: Promise<void>;
+}
+
+/** How the handler (or what precedes it) ended. */
+export type AttemptResult =
+  | { ok: true; result: unknown }
+  | { ok: false; error: AttemptError; final: boolean };
+
+/** The state of an attempt claimed at `claimedAt` (before the claim was sent). */
+export function newAttempt(
+  run: ClaimedRun,
+  claimedAt: number,
+  leaseMs: number,
+  log: Logger,
+): Attempt {
+  return {
+    run,
+    key: `${run.tenant_id}/${run.run_id}`,
+    log: log.with({ tenant: run.tenant_id, run_id: run.run_id, attempt: run.attempts }),
+    lease: { until: claimedAt + leaseMs },
+    abort: new AbortController(),
+    done: new AbortController(),
+    nudge: new AbortController(),
+    cancelRequested: false,
+    abandoned: false,
+    lost: false,
+    settled: false,
+    finished: Promise.resolve(),
+  };
+}
+
+/** The lease is gone: whatever the handler does now is not written. */
+export function loseLease(attempt: Attempt, why: string): void {
+  attempt.lost = true;
+  attempt.log.warn(`${why}; aborting the run`);
+  attempt.abort.abort(new Error(why));
+}
+
+/** Resolves the pinned version, validates the input again, runs the handler. */
+export async function runHandler(
+  registry: WorkflowRegistry,
+  workerId: string,
+  attempt: Attempt,
+): Promise<AttemptResult> {
+  const { run } = attempt;
+  const ref = `${run.workflow_name}@${run.workflow_version}`;
+  const wf = registry.resolve(ref);
+  if (!wf) {
+    // Not final: in a rolling deploy another worker may know this version.
+    return {
+      ok: false,
+      final: false,
+      error: attemptError(
+        "unknown-workflow",
+        `workflow ${ref} is not registered in worker ${workerId} (known: ${
+          registry.list().join(", ")
+        })`,
+      ),
+    };
+  }
+  const parsed = wf.workflow.input.safeParse(run.input);
+  if (!parsed.success) {
+    // Final: the stored input will never validate against this version.
+    return {
+      ok: false,
+      final: true,
+      error: attemptError("validation", `input does not match ${ref}`, {
+        issues: parsed.error.issues.map((i) => ({
+          path: i.path.map(String).join("."),
+          message: i.message,
+        })),
+      }),
+    };
+  }
+  try {
+    const result = await wf.workflow.handler(parsed.data, {
+      tenantId: run.tenant_id,
+      runId: run.run_id,
+      attempt: run.attempts,
+      signal: attempt.abort.signal,
+      log: attempt.log,
+    });
+    return { ok: true, result };
+  } catch (err) {
+    return {
+      ok: false,
+      final: false,
+      error: { message: errorMessage(err), name: err instanceof Error ? err.name : undefined },
+    };
+  }
+}
