@@ -243,13 +243,15 @@ export class OutboxPublisher implements Service {
     const cause = error instanceof PhaseError ? error.cause : error;
     if (this.#outage?.phase === phase) {
       this.#outage.attempts++;
-      this.#log.debug("outbox publish still failing", { phase, error: describe(cause) });
+      this.#log.debug("outbox publish still failing", { phase, error: cause });
       return;
     }
     this.#outage = { phase, since: Date.now(), attempts: 1 };
+    // The logger writes the cause chain: the Kafka client wraps the telling
+    // error ("connect ECONNREFUSED …") in generic ones ("Producing messages failed.").
     this.#log.warn(`${phase} unavailable, events wait in postgres; retrying with backoff`, {
       phase,
-      error: describe(cause),
+      error: cause,
     });
   }
 
@@ -265,19 +267,4 @@ export class OutboxPublisher implements Service {
       attempts,
     });
   }
-}
-
-// The Kafka client wraps the telling error ("connect ECONNREFUSED …") in
-// generic ones ("Producing messages failed."); a log line should show both.
-function describe(error: unknown): string {
-  const messages: string[] = [];
-  let current: unknown = error;
-  for (let depth = 0; depth < 6 && current instanceof Error; depth++) {
-    if (current.message && !messages.includes(current.message)) messages.push(current.message);
-    const nested = (current as { errors?: unknown[] }).errors;
-    current = Array.isArray(nested) && nested.length > 0
-      ? nested[nested.length - 1]
-      : current.cause;
-  }
-  return messages.length > 0 ? messages.join(": ") : String(error);
 }
