@@ -124,8 +124,27 @@ interface Partition {
 type Result = "done" | "abandoned";
 
 const STOP = Symbol("stop");
+/** Lag measurements not settled yet (hung ones included) before another is started. */
+const MAX_LAG_MEASUREMENTS = 3;
 /** Longest the final commit may take at shutdown before the group is left anyway. */
 const FINAL_COMMIT_MS = 5 * SECOND;
+
+/**
+ * `work`, or STOP once `signal` aborts, whichever comes first. The listener
+ * goes when `work` settles: one left per call would keep a closure per dead
+ * letter on the hard-stop signal for the life of the process.
+ */
+async function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T | typeof STOP> {
+  if (signal.aborted) return STOP;
+  const stopped = Promise.withResolvers<typeof STOP>();
+  const onAbort = () => stopped.resolve(STOP);
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    return await Promise.race([work, stopped.promise]);
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+}
 
 function partitionKey(topic: string, partition: number): string {
   return `${topic}\u0000${partition}`;
@@ -154,6 +173,10 @@ export class InboxRelay implements Service {
   // Last broker view of lag, kept while the broker does not answer.
   #lagView = new Map<string, { topic: string; partition: number; lag: bigint }>();
   #lagMeasuring = false;
+  #lagOutstanding = 0;
+  #lagStarted = 0;
+  #lagApplied = 0;
+  #lagWait: AbortController | undefined;
 
   constructor(opts: InboxRelayOptions, deps: InboxRelayDeps) {
     this.#opts = opts;
@@ -210,6 +233,7 @@ export class InboxRelay implements Service {
     }
     this.#hardStop.abort();
     for (const t of this.#timers) clearInterval(t);
+    this.#lagWait?.abort();
     const committed = await within(this.#commit().then(() => this.#commit()), FINAL_COMMIT_MS);
     if (!committed) {
       this.#log.warn("final commit did not finish; those messages will be redelivered");
@@ -625,13 +649,7 @@ export class InboxRelay implements Service {
     for (let attempt = 0;; attempt++) {
       if (this.#hardStop.signal.aborted) return "abandoned";
       try {
-        const sent = await Promise.race([
-          producer.send([letter]),
-          new Promise<typeof STOP>((resolve) => {
-            if (this.#hardStop.signal.aborted) resolve(STOP);
-            this.#hardStop.signal.addEventListener("abort", () => resolve(STOP), { once: true });
-          }),
-        ]);
+        const sent = await untilAborted(producer.send([letter]), this.#hardStop.signal);
         if (sent === STOP) return "abandoned";
         metrics.messages.inc({ outcome: "dead_lettered" });
         this.#log.warn("dead-lettered", {
@@ -681,14 +699,43 @@ export class InboxRelay implements Service {
 
   async #measureLag(): Promise<void> {
     if (this.#lagMeasuring) return;
-    this.#lagMeasuring = true;
-    try {
-      await this.#refreshLagView();
-    } catch (error) {
-      // The broker is away: keep the last view, the seconds below still age.
-      this.#log.debug("lag measurement failed", { error });
-    } finally {
-      this.#lagMeasuring = false;
+    // Past the cap the hung ones are left to settle and the last view is aged.
+    if (this.#lagOutstanding < MAX_LAG_MEASUREMENTS) {
+      this.#lagMeasuring = true;
+      this.#lagOutstanding++;
+      const seq = ++this.#lagStarted;
+      const refreshed = this.#lagViewNow().then((view) => {
+        // A late answer still counts, unless a later measurement's came first.
+        if (seq > this.#lagApplied) {
+          this.#lagApplied = seq;
+          this.#lagView = view;
+        }
+      }, (error) => {
+        // The broker is away: keep the last view, the seconds below still age.
+        this.#log.debug("lag measurement failed", { error });
+      }).finally(() => this.#lagOutstanding--);
+      // Bounded: a call that never answers would hold the flag, and freeze the
+      // gauges, for good (KafkaAdmin calls take no signal to abandon them by).
+      const done = new AbortController();
+      this.#lagWait = done;
+      try {
+        const answered = await Promise.race([
+          refreshed.then(() => true),
+          delay(this.#opts.lagIntervalMs, done.signal).then(() => false),
+        ]);
+        if (!answered) {
+          this.#log.debug("lag measurement did not answer in time; measured again next time", {
+            within_ms: this.#opts.lagIntervalMs,
+          });
+        }
+      } finally {
+        done.abort();
+        this.#lagMeasuring = false;
+      }
+    } else {
+      this.#log.debug("lag measurements still unanswered; the last view is aged", {
+        unanswered: this.#lagOutstanding,
+      });
     }
     const { lagMessages, lagSeconds } = this.#deps.metrics;
     const now = Date.now();
@@ -705,7 +752,7 @@ export class InboxRelay implements Service {
     }
   }
 
-  async #refreshLagView(): Promise<void> {
+  async #lagViewNow(): Promise<Map<string, { topic: string; partition: number; lag: bigint }>> {
     const { admin } = this.#deps;
     const topics = (await admin.listTopics()).filter(this.#opts.isDispatchTopic);
     const [ends, starts, committed] = await Promise.all([
@@ -727,6 +774,6 @@ export class InboxRelay implements Service {
       const lag = end.offset - (from > start ? from : start);
       view.set(key, { topic: end.topic, partition: end.partition, lag: lag > 0n ? lag : 0n });
     }
-    this.#lagView = view;
+    return view;
   }
 }

@@ -15,7 +15,7 @@ import type { KafkaAdmin } from "../kafka/admin.ts";
 import type { KafkaProducer, ProduceMessage } from "../kafka/producer.ts";
 import type { TopicPartitionOffset } from "../kafka/client.ts";
 import { dispatchTopic } from "../contracts/topics.ts";
-import { silentLogger } from "../core/log.ts";
+import { createLogger, type Logger, silentLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
 
 const TOPIC = dispatchTopic("unit");
@@ -139,7 +139,11 @@ const OPTIONS: InboxRelayOptions = {
   shutdownMs: 1000,
 };
 
-function relayWith(opts: Partial<InboxRelayOptions>, admin = new FakeAdmin()) {
+function relayWith(
+  opts: Partial<InboxRelayOptions>,
+  admin = new FakeAdmin(),
+  log: Logger = silentLogger,
+) {
   const consumer = new FakeConsumer();
   const producer = new FakeProducer();
   const metrics = createRelayMetrics(new client.Registry());
@@ -152,7 +156,7 @@ function relayWith(opts: Partial<InboxRelayOptions>, admin = new FakeAdmin()) {
     admin: admin as unknown as KafkaAdmin,
     api,
     metrics,
-    log: silentLogger,
+    log,
   });
   return { relay, consumer, producer, admin, metrics };
 }
@@ -199,46 +203,82 @@ function countAbortListeners() {
   };
 }
 
-Deno.test("relay: a storm of dead letters leaves no abort listener behind on the stop signal", async () => {
-  const listeners = countAbortListeners();
-  const { relay, consumer, producer } = relayWith({});
-  try {
-    await relay.start();
-    const letters = 200;
-    for (let i = 0; i < letters; i++) consumer.push(message(i, "not json"));
-    await waitFor("every dead letter acknowledged", () => producer.sent.length === letters, 10_000);
-    await waitFor(
-      "everything committed",
-      () => consumer.commits.some((c) => c.some((o) => o.offset === BigInt(letters))),
-      10_000,
-    );
-    assert.ok(
-      listeners.most() < 10,
-      `after ${letters} dead letters a signal holds ${listeners.most()} abort listeners`,
-    );
-  } finally {
-    await relay.stop();
-    listeners.restore();
-  }
-});
+const SANITIZED = { sanitizeOps: true, sanitizeResources: true };
 
-Deno.test("relay: a lag measurement that hangs does not freeze the lag gauges", async () => {
+Deno.test(
+  "relay: a storm of dead letters leaves no abort listener behind on the stop signal",
+  SANITIZED,
+  async () => {
+    const listeners = countAbortListeners();
+    const { relay, consumer, producer } = relayWith({});
+    try {
+      await relay.start();
+      const letters = 200;
+      for (let i = 0; i < letters; i++) consumer.push(message(i, "not json"));
+      await waitFor(
+        "every dead letter acknowledged",
+        () => producer.sent.length === letters,
+        10_000,
+      );
+      await waitFor(
+        "everything committed",
+        () => consumer.commits.some((c) => c.some((o) => o.offset === BigInt(letters))),
+        10_000,
+      );
+      assert.ok(
+        listeners.most() < 10,
+        `after ${letters} dead letters a signal holds ${listeners.most()} abort listeners`,
+      );
+    } finally {
+      await relay.stop();
+      listeners.restore();
+    }
+  },
+);
+
+Deno.test(
+  "relay: a lag measurement that hangs does not freeze the lag gauges",
+  SANITIZED,
+  async () => {
+    const admin = new FakeAdmin();
+    admin.hang = 1;
+    admin.end = 7n;
+    admin.committed = 2n;
+    const { relay, metrics } = relayWith({ lagIntervalMs: 50 }, admin);
+    try {
+      await relay.start();
+      await waitFor(
+        "the lag measured after the hung measurement",
+        async () => (await lagGauge(metrics)) === 5,
+        5_000,
+      );
+      assert.ok(admin.listings >= 2, "measured again after the hung one");
+      // Keeps measuring: the gauge follows the broker.
+      admin.committed = 7n;
+      await waitFor("the lag back to 0", async () => (await lagGauge(metrics)) === 0, 5_000);
+    } finally {
+      await relay.stop();
+    }
+  },
+);
+
+Deno.test("relay: lag measurements that never answer are not piled up", SANITIZED, async () => {
   const admin = new FakeAdmin();
-  admin.hang = 1;
-  admin.end = 7n;
-  admin.committed = 2n;
-  const { relay, metrics } = relayWith({ lagIntervalMs: 50 }, admin);
+  admin.end = 4n;
+  const lines: { msg: string }[] = [];
+  const log = createLogger("relay", "debug", (line) => lines.push(JSON.parse(line)));
+  const { relay, metrics } = relayWith({ lagIntervalMs: 20 }, admin, log);
   try {
     await relay.start();
-    await waitFor(
-      "the lag measured after the hung measurement",
-      async () => (await lagGauge(metrics)) === 5,
-      5_000,
-    );
-    assert.ok(admin.listings >= 2, "measured again after the hung one");
-    // Keeps measuring: the gauge follows the broker.
-    admin.committed = 7n;
-    await waitFor("the lag back to 0", async () => (await lagGauge(metrics)) === 0, 5_000);
+    await waitFor("the lag measured", async () => (await lagGauge(metrics)) === 4, 5_000);
+    admin.hang = Infinity;
+    const answered = admin.listings;
+    const aged = () =>
+      lines.filter((l) => l.msg === "lag measurements still unanswered; the last view is aged")
+        .length;
+    await waitFor("ten ticks at the cap", () => aged() >= 10, 5_000);
+    assert.equal(admin.listings, answered + 3, "three unanswered measurements at most");
+    assert.equal(await lagGauge(metrics), 4, "the last view is kept");
   } finally {
     await relay.stop();
   }
