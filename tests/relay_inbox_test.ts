@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import client from "prom-client";
 import { InboxRelay, type InboxRelayOptions } from "../relay/inbox.ts";
-import type { ApiClient, Outcome } from "../relay/api_client.ts";
+import type { AdmitRequest, ApiClient, Outcome } from "../relay/api_client.ts";
 import { createRelayMetrics, type RelayMetrics } from "../relay/metrics.ts";
 import type { ConsumedMessage, KafkaConsumer, TopicPartition } from "../kafka/consumer.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
@@ -28,10 +28,12 @@ class FakeConsumer implements KafkaConsumer {
   readonly joins = 0;
   readonly topics: readonly string[] = [TOPIC];
   #queue: ConsumedMessage[] = [];
+  #pushed: ConsumedMessage[] = [];
   #wake: PromiseWithResolvers<void> | undefined;
   #closed = false;
 
   push(...messages: ConsumedMessage[]): void {
+    this.#pushed.push(...messages);
     this.#queue.push(...messages);
     this.#wake?.resolve();
   }
@@ -53,8 +55,11 @@ class FakeConsumer implements KafkaConsumer {
     return Promise.resolve();
   }
 
+  /** As the real one does: what was not handed out yet goes, everything from `offset` comes again. */
   redeliverFrom(topic: string, partition: number, offset: bigint): void {
     this.redelivered.push({ topic, partition, offset });
+    this.#queue = this.#pushed.filter((m) => m.offset >= offset);
+    this.#wake?.resolve();
   }
 
   onRevoked(): void {}
@@ -139,17 +144,18 @@ const OPTIONS: InboxRelayOptions = {
   shutdownMs: 1000,
 };
 
+const created = (): Promise<Outcome> => Promise.resolve({ kind: "created", status: 201 });
+
 function relayWith(
   opts: Partial<InboxRelayOptions>,
   admin = new FakeAdmin(),
   log: Logger = silentLogger,
+  admit: (req: AdmitRequest) => Promise<Outcome> = created,
 ) {
   const consumer = new FakeConsumer();
   const producer = new FakeProducer();
   const metrics = createRelayMetrics(new client.Registry());
-  const api = {
-    admit: (): Promise<Outcome> => Promise.resolve({ kind: "created", status: 201 }),
-  } as unknown as ApiClient;
+  const api = { admit } as unknown as ApiClient;
   const relay = new InboxRelay({ ...OPTIONS, ...opts }, {
     consumer,
     producer,
@@ -283,3 +289,45 @@ Deno.test("relay: lag measurements that never answer are not piled up", SANITIZE
     await relay.stop();
   }
 });
+
+Deno.test(
+  "relay: a failing message pauses its partition, which resumes from it and commits to the end",
+  SANITIZED,
+  async () => {
+    const failures = new Map<string, number>([[`kafka:${TOPIC}/0/3`, 2]]);
+    const admitted = new Set<string>();
+    const admit = (req: AdmitRequest): Promise<Outcome> => {
+      const left = failures.get(req.source) ?? 0;
+      if (left > 0) {
+        failures.set(req.source, left - 1);
+        return Promise.resolve({
+          kind: "transient",
+          reason: "unavailable",
+          status: 503,
+          detail: "",
+        });
+      }
+      admitted.add(req.source);
+      return created();
+    };
+    const { relay, consumer, metrics } = relayWith({ maxInFlight: 2 }, undefined, undefined, admit);
+    try {
+      await relay.start();
+      const n = 20;
+      for (let i = 0; i < n; i++) consumer.push(message(i, `{"workflow":"w","input":{}}`));
+      await waitFor(
+        "everything committed",
+        () => consumer.commits.some((c) => c.some((o) => o.offset === BigInt(n))),
+        10_000,
+      );
+      assert.equal(admitted.size, n, "every message admitted");
+      assert.equal(consumer.redelivered.length, 1, "resumed once");
+      assert.ok(consumer.redelivered[0].offset >= 4n, "from after the failing message");
+      assert.equal((await metrics.partitionPauses.get()).values[0].value, 1);
+      assert.equal((await metrics.pausedPartitions.get()).values[0].value, 0);
+      assert.equal(relay.pending, 0, "every share of the budget given back");
+    } finally {
+      await relay.stop();
+    }
+  },
+);
