@@ -56,7 +56,10 @@ export const relayEnvSchema = z.object({
   RELAY_BACKOFF_CAP_MS: positiveInt(30 * SECOND),
   /** Longest one API call may take before it counts as a (transient) timeout. */
   RELAY_API_TIMEOUT_MS: positiveInt(30 * SECOND),
-  /** How often inbox lag is computed from the broker's end and committed offsets. */
+  /**
+   * How often inbox lag is computed from the broker's end and committed
+   * offsets; a measurement not answered by then is measured again.
+   */
   RELAY_LAG_INTERVAL_MS: z.coerce.number().int().min(100).default(5 * SECOND),
   /** How long a graceful stop waits for API calls in flight. */
   RELAY_SHUTDOWN_MS: millis(10 * SECOND),

@@ -1,43 +1,41 @@
 /**
  * The inbox relay: drains every tenant's `poimen.<tenant>.dispatch` into
- * `POST /v1/runs`, one call per message, at least once.
+ * `POST /v1/runs`, one call per message, at least once. This module reads
+ * the consumer, works each message's admission and wires the parts:
  *
- * - Partitions are worked concurrently, and within a partition up to
- *   `maxInFlight` calls run at once; an `OffsetTracker` per partition keeps
- *   commits in offset order whatever order the calls finish in.
- * - A message is done once admitted (any 2xx) or once its dead letter was
- *   acknowledged; only done offsets are committed, in batches.
- * - Transient failures are retried without limit and never skipped, with
- *   `max(Retry-After, exponential backoff with full jitter)` between tries.
- * - Failures stay inside their partition: the first transient failure of a
- *   message pauses its partition. Every message after it is let go (queued
- *   ones dropped, the answers of calls in flight ignored, the tracker forgets
- *   those not done yet; those done already are not done twice) and
- *   whatever the consumer hands out for that partition meanwhile is dropped,
- *   so a paused partition holds one message (the probe) of the shared
- *   `maxPending`/`maxPendingBytes` budget, whoever its tenant. Once the probe
- *   is done the consumer hands the partition out again from just after it.
- *   Nothing is skipped: the tracker never commits past the probe, and what was
- *   let go is fetched again.
- * - A keyless message is posted with a dispatch key derived from its topic,
- *   partition and offset (see `prepareBody`), so redelivery, a rebalance or a
- *   second relay never make a second run of it.
- * - Lag is measured from the broker's end offsets against the group's
- *   committed offsets, so messages fetched but stuck behind a dead API count.
+ * - partition_state.ts: per partition (pure), up to `maxInFlight` calls at
+ *   once, the pause behind a failing message and the resume after it;
+ * - pending_budget.ts: messages fetched and not done, before fetching waits;
+ * - offset_committer.ts: done offsets committed in offset order, in batches;
+ * - dead_letter_writer.ts: dead letters written until acknowledged;
+ * - lag_monitor.ts: the lag gauges.
+ *
+ * A message is done once admitted (any 2xx) or once its dead letter was
+ * acknowledged. Transient failures are retried without limit and never
+ * skipped, with `max(Retry-After, exponential backoff with full jitter)`
+ * between tries; the first one pauses the message's partition, and only it.
+ * A keyless message is posted with a dispatch key derived from its topic,
+ * partition and offset (see `prepareBody`), so redelivery, a rebalance or a
+ * second relay never make a second run of it.
  */
 import type { Logger } from "../core/log.ts";
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
-import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
+import { delay, within } from "../core/time.ts";
 import type { ApiClient, Outcome } from "./api_client.ts";
 import { derivedDispatchKey, prepareBody, retryDelay } from "./api_client.ts";
-import { deadLetter, type Failure } from "./dead_letter.ts";
 import type { ConsumedMessage, KafkaConsumer } from "../kafka/consumer.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
 import type { KafkaProducer } from "../kafka/producer.ts";
+import { partitionKey } from "../kafka/client.ts";
 import type { RelayMetrics } from "./metrics.ts";
-import { OffsetTracker } from "./offsets.ts";
 import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
+import { type Job, PartitionState, type Result } from "./partition_state.ts";
+import { PendingBudget } from "./pending_budget.ts";
+import { OffsetCommitter } from "./offset_committer.ts";
+import { DeadLetterWriter } from "./dead_letter_writer.ts";
+import type { Failure } from "./dead_letter.ts";
+import { LagMonitor } from "./lag_monitor.ts";
 
 /** Tuning of the relay (see relay/config.ts for the variables and defaults). */
 export interface InboxRelayOptions {
@@ -75,61 +73,10 @@ export interface InboxRelayDeps {
   log: Logger;
 }
 
-/** One fetched message on its way through the relay. */
-interface Job {
-  m: ConsumedMessage;
-  bytes: number;
-  tracker: OffsetTracker;
-  /** Counted in the pending budget until released (once). */
-  released: boolean;
-  /** Let go by a pause of its partition: fetched again later, never completed from here. */
-  evicted: boolean;
-  /** Has failed transiently and is being retried (it holds its partition paused). */
-  failing: boolean;
-  /**
-   * Its outcome is decided (admitted, or its dead letter being written) but
-   * not yet recorded: never let go, or it would be done twice.
-   */
-  finishing: boolean;
-  /** Cuts its backoff short when it is let go (a call in flight is left to finish). */
-  cancel: AbortController;
-}
-
-interface Partition {
-  topic: string;
-  partition: number;
-  tenant: string;
-  tracker: OffsetTracker;
-  // A queue with a moving head: shift() on a long array is O(n).
-  queue: Job[];
-  head: number;
-  /** Calls running (including let-go ones whose call has not returned yet). */
-  running: Set<Job>;
-  /** Jobs failing and retried, not let go: while > 0 the partition stays paused. */
-  failing: number;
-  /** Set while paused: where the consumer must hand the partition out again from. */
-  resumeFrom: bigint | undefined;
-  /** Messages dropped while paused (for the log line at resume). */
-  dropped: number;
-  /** Taken away by the group: nothing of it is started, retried or committed any more. */
-  revoked: boolean;
-  /**
-   * Offsets after a pause's cut that were already done when it was cut (a
-   * fast dead letter, say): when handed out again they are done at once, not
-   * admitted or dead-lettered a second time.
-   */
-  doneAhead: Set<bigint>;
-}
-
-type Result = "done" | "abandoned";
+type Partition = PartitionState<ConsumedMessage>;
+type RelayJob = Job<ConsumedMessage>;
 
 const STOP = Symbol("stop");
-/** Longest the final commit may take at shutdown before the group is left anyway. */
-const FINAL_COMMIT_MS = 5 * SECOND;
-
-function partitionKey(topic: string, partition: number): string {
-  return `${topic}\u0000${partition}`;
-}
 
 /** The inbox relay as a `Service`: `start()` begins draining, `stop()` is graceful. */
 export class InboxRelay implements Service {
@@ -141,29 +88,47 @@ export class InboxRelay implements Service {
   readonly #stopping = new AbortController();
   readonly #hardStop = new AbortController();
   readonly #stopped = Promise.withResolvers<typeof STOP>();
-  #pending = 0;
-  #pendingBytes = 0;
+  readonly #budget: PendingBudget;
+  readonly #committer: OffsetCommitter;
+  readonly #deadLetters: DeadLetterWriter;
+  readonly #lag: LagMonitor;
   #inFlight = 0;
   #paused = 0;
-  #doneSinceCommit = 0;
-  #space: PromiseWithResolvers<void> | undefined;
   #idle: PromiseWithResolvers<void> | undefined;
-  #committing: Promise<void> | undefined;
   #reader: Promise<void> | undefined;
-  #timers: ReturnType<typeof setInterval>[] = [];
-  // Last broker view of lag, kept while the broker does not answer.
-  #lagView = new Map<string, { topic: string; partition: number; lag: bigint }>();
-  #lagMeasuring = false;
 
   constructor(opts: InboxRelayOptions, deps: InboxRelayDeps) {
     this.#opts = opts;
     this.#deps = deps;
     this.#log = deps.log;
+    this.#budget = new PendingBudget(opts.maxPending, opts.maxPendingBytes);
+    this.#committer = new OffsetCommitter(
+      { intervalMs: opts.commitIntervalMs, batch: opts.commitBatch },
+      deps,
+      () => this.#partitions.values(),
+    );
+    this.#deadLetters = new DeadLetterWriter(
+      { baseMs: opts.backoffBaseMs, capMs: opts.backoffCapMs },
+      deps,
+      this.#hardStop.signal,
+    );
+    this.#lag = new LagMonitor(
+      {
+        groupId: opts.groupId,
+        isDispatchTopic: opts.isDispatchTopic,
+        intervalMs: opts.lagIntervalMs,
+      },
+      {
+        ...deps,
+        oldestPending: (topic, partition) =>
+          this.#partitions.get(partitionKey(topic, partition))?.tracker.oldestPendingTimestamp(),
+      },
+    );
   }
 
   /** Messages fetched and not yet done. */
   get pending(): number {
-    return this.#pending;
+    return this.#budget.pending;
   }
 
   start(): Promise<void> {
@@ -174,11 +139,8 @@ export class InboxRelay implements Service {
       // The consumer survives broker outages itself; reaching this is a bug.
       this.#log.error("relay reader failed", { error });
     });
-    this.#timers.push(
-      setInterval(() => void this.#commit(), this.#opts.commitIntervalMs),
-      setInterval(() => void this.#measureLag(), this.#opts.lagIntervalMs),
-    );
-    void this.#measureLag();
+    this.#committer.start();
+    this.#lag.start();
     return Promise.resolve();
   }
 
@@ -186,14 +148,14 @@ export class InboxRelay implements Service {
     const { consumer, producer, admin } = this.#deps;
     this.#stopping.abort();
     this.#stopped.resolve(STOP);
+    for (const p of this.#partitions.values()) p.halt();
     await this.#reader;
     // Not started yet: left for the next owner of the partition.
     let dropped = 0;
     for (const p of this.#partitions.values()) {
-      for (let i = p.head; i < p.queue.length; i++) this.#release(p.queue[i]);
-      dropped += p.queue.length - p.head;
-      p.queue = [];
-      p.head = 0;
+      const letGo = p.dropQueued();
+      for (const job of letGo) this.#budget.give(job.bytes);
+      dropped += letGo.length;
     }
     if (this.#inFlight > 0) {
       this.#log.info("waiting for API calls in flight", {
@@ -209,32 +171,20 @@ export class InboxRelay implements Service {
       }
     }
     this.#hardStop.abort();
-    for (const t of this.#timers) clearInterval(t);
-    const committed = await within(this.#commit().then(() => this.#commit()), FINAL_COMMIT_MS);
-    if (!committed) {
-      this.#log.warn("final commit did not finish; those messages will be redelivered");
-    }
+    await this.#lag.stop();
+    await this.#committer.stop();
     this.#log.info("relay drained", { not_started: dropped });
     await consumer.close().catch((error) => this.#log.warn("leaving the group failed", { error }));
     await producer.close().catch(() => {});
     await admin.close().catch(() => {});
   });
 
-  #full(): boolean {
-    // One message always fits, however large: a big value must not deadlock.
-    return this.#pending >= this.#opts.maxPending ||
-      (this.#pending > 0 && this.#pendingBytes >= this.#opts.maxPendingBytes);
-  }
-
   async #read(): Promise<void> {
     const messages = this.#deps.consumer[Symbol.asyncIterator]();
     while (!this.#stopping.signal.aborted) {
-      if (this.#full()) {
-        // Back-pressure: the consumer's own buffer then fills and it pauses
-        // fetching. Paused partitions hold one message each, so the budget is
-        // spent by partitions that are moving and frees up as they move.
-        this.#space ??= Promise.withResolvers<void>();
-        await Promise.race([this.#space.promise, this.#stopped.promise]);
+      if (this.#budget.full) {
+        // Back-pressure: the consumer's own buffer then fills and it pauses fetching.
+        await Promise.race([this.#budget.room(), this.#stopped.promise]);
         continue;
       }
       const next = await Promise.race([messages.next(), this.#stopped.promise]);
@@ -250,23 +200,6 @@ export class InboxRelay implements Service {
     if (m.superseded) return;
     const key = partitionKey(m.topic, m.partition);
     let p = this.#partitions.get(key);
-    if (p?.resumeFrom !== undefined) {
-      // Paused: fetched again from resumeFrom once it resumes.
-      p.dropped++;
-      return;
-    }
-    if (p && p.tracker.last !== undefined && m.offset <= p.tracker.last) {
-      // The topic was deleted and created anew (offsets from 0 again): start a
-      // new tracker; calls in flight finish against the old one they hold.
-      this.#log.warn("offsets went backwards, tracking the partition anew", {
-        topic: m.topic,
-        partition: m.partition,
-        offset: String(m.offset),
-        last: String(p.tracker.last),
-      });
-      p.tracker = new OffsetTracker();
-      p.doneAhead.clear();
-    }
     if (!p) {
       const tenant = DISPATCH_TOPIC_PATTERN.exec(m.topic)?.[1];
       if (tenant === undefined) {
@@ -274,78 +207,46 @@ export class InboxRelay implements Service {
         this.#log.error("message from a topic that is not a dispatch topic", { topic: m.topic });
         return;
       }
-      p = {
-        topic: m.topic,
-        partition: m.partition,
-        tenant,
-        tracker: new OffsetTracker(),
-        queue: [],
-        head: 0,
-        running: new Set(),
-        failing: 0,
-        resumeFrom: undefined,
-        dropped: 0,
-        revoked: false,
-        doneAhead: new Set(),
-      };
+      p = new PartitionState(m.topic, m.partition, tenant, this.#opts.maxInFlight);
+      if (this.#stopping.signal.aborted) p.halt();
       this.#partitions.set(key, p);
     }
-    p.tracker.add(m.offset, m.timestamp);
-    if (p.doneAhead.delete(m.offset)) {
-      p.tracker.complete(m.offset);
-      if (++this.#doneSinceCommit >= this.#opts.commitBatch) void this.#commit();
+    const offered = p.offer(m);
+    if (offered.kind === "dropped") return;
+    if (offered.kind === "done-ahead") {
+      this.#committer.done();
       return;
     }
-    const job: Job = {
-      m,
-      bytes: m.value.byteLength,
-      tracker: p.tracker,
-      released: false,
-      evicted: false,
-      failing: false,
-      finishing: false,
-      cancel: new AbortController(),
-    };
-    p.queue.push(job);
-    this.#pending++;
-    this.#pendingBytes += job.bytes;
+    if (offered.retrackedAfter !== undefined) {
+      this.#log.warn("offsets went backwards, tracking the partition anew", {
+        topic: m.topic,
+        partition: m.partition,
+        offset: String(m.offset),
+        last: String(offered.retrackedAfter),
+      });
+    }
+    this.#budget.take(offered.job.bytes);
     this.#gauges();
-    this.#pump(p);
+    this.#launch(p, offered.start);
   }
 
   #gauges(): void {
     const { metrics } = this.#deps;
-    metrics.pending.set(this.#pending);
-    metrics.pendingBytes.set(this.#pendingBytes);
+    metrics.pending.set(this.#budget.pending);
+    metrics.pendingBytes.set(this.#budget.bytes);
     metrics.pausedPartitions.set(this.#paused);
   }
 
-  /** Gives a job's share of the pending budget back (once). */
-  #release(job: Job): void {
-    if (job.released) return;
-    job.released = true;
-    this.#pending--;
-    this.#pendingBytes -= job.bytes;
-    if (this.#space && !this.#full()) {
-      this.#space.resolve();
-      this.#space = undefined;
+  /** Gives the budget shares of let-go jobs back and cuts their backoff short. */
+  #letGo(jobs: RelayJob[]): void {
+    for (const job of jobs) {
+      job.cancel.abort();
+      this.#budget.give(job.bytes);
     }
   }
 
-  #pump(p: Partition): void {
-    while (
-      !p.revoked && p.resumeFrom === undefined && p.running.size < this.#opts.maxInFlight &&
-      p.head < p.queue.length && !this.#stopping.signal.aborted
-    ) {
-      const job = p.queue[p.head++];
-      if (p.head === p.queue.length) {
-        p.queue = [];
-        p.head = 0;
-      } else if (p.head > 1024 && p.head * 2 > p.queue.length) {
-        p.queue = p.queue.slice(p.head);
-        p.head = 0;
-      }
-      p.running.add(job);
+  #launch(p: Partition, jobs: RelayJob[]): void {
+    for (const job of jobs) {
       this.#inFlight++;
       const m = job.m;
       void this.#process(p, job).catch((error): Result => {
@@ -360,58 +261,20 @@ export class InboxRelay implements Service {
     }
   }
 
-  /**
-   * Pauses `p` behind `offset`, which just failed: every message after it is
-   * let go and will be handed out again once `p` resumes.
-   */
-  #pause(p: Partition, failed: Job): void {
-    const offset = failed.m.offset;
-    const wasPaused = p.resumeFrom !== undefined;
-    if (wasPaused && p.resumeFrom! <= offset + 1n) return;
-    // A message after it whose outcome is decided is finished, not let go:
-    // the cut moves past it (those in between keep going).
-    let cut = offset;
-    for (const job of p.running) {
-      if (job.finishing && !job.evicted && job.m.offset > cut) cut = job.m.offset;
-    }
-    let letGo = 0;
-    for (let i = p.head; i < p.queue.length; i++) {
-      const job = p.queue[i];
-      job.evicted = true;
-      this.#release(job);
-      letGo++;
-    }
-    p.queue = [];
-    p.head = 0;
-    for (const job of p.running) {
-      if (job.m.offset <= cut || job.evicted) continue;
-      job.evicted = true;
-      if (job.failing) {
-        job.failing = false;
-        p.failing--;
-      }
-      // Only its backoff is cut short: a call in flight runs to its end (its
-      // answer is ignored), since a request abandoned mid-body is an error the
-      // API has to log for nothing.
-      job.cancel.abort();
-      this.#release(job);
-      letGo++;
-    }
-    // A job of a tracker replaced since (the topic was recreated) has nothing to forget there.
-    if (failed.tracker === p.tracker && p.tracker.last !== undefined && p.tracker.last > cut) {
-      for (const offset of p.tracker.doneAfter(cut)) p.doneAhead.add(offset);
-      p.tracker.forgetAfter(cut);
-    }
-    p.resumeFrom = cut + 1n;
-    if (!wasPaused) {
+  /** The job failed transiently: its first failure pauses `p` behind it. */
+  #failed(p: Partition, job: RelayJob): void {
+    const paused = p.failed(job);
+    if (!paused) return;
+    this.#letGo(paused.letGo);
+    if (paused.newlyPaused) {
       this.#paused++;
       this.#deps.metrics.partitionPauses.inc();
       this.#log.warn("partition paused until its failing message goes through", {
         tenant: p.tenant,
         topic: p.topic,
         partition: p.partition,
-        offset: String(offset),
-        let_go: letGo,
+        offset: String(job.m.offset),
+        let_go: paused.letGo.length,
       });
     }
     this.#gauges();
@@ -431,86 +294,48 @@ export class InboxRelay implements Service {
     const p = this.#partitions.get(key);
     if (!p) return;
     this.#partitions.delete(key);
-    p.revoked = true;
-    let dropped = 0;
-    for (let i = p.head; i < p.queue.length; i++) {
-      const job = p.queue[i];
-      job.evicted = true;
-      this.#release(job);
-      dropped++;
-    }
-    p.queue = [];
-    p.head = 0;
-    for (const job of p.running) {
-      if (job.finishing) continue;
-      job.evicted = true;
-      if (job.failing) {
-        job.failing = false;
-        p.failing--;
-      }
-      job.cancel.abort();
-      this.#release(job);
-    }
-    if (p.resumeFrom !== undefined) {
-      p.resumeFrom = undefined;
-      this.#paused--;
-    }
+    const revoked = p.revoke();
+    this.#letGo(revoked.letGo);
+    if (revoked.wasPaused) this.#paused--;
     this.#log.info("partition revoked", {
       tenant: p.tenant,
       topic,
       partition,
-      dropped,
-      in_flight: p.running.size,
+      dropped: revoked.dropped,
+      in_flight: p.running,
       committable: p.tracker.committable === undefined ? undefined : String(p.tracker.committable),
       last: p.tracker.last === undefined ? undefined : String(p.tracker.last),
     });
     this.#gauges();
   }
 
-  /** Resumes `p` once no message of it is failing: the consumer hands it out again. */
-  #maybeResume(p: Partition): void {
-    if (p.revoked || p.resumeFrom === undefined || p.failing > 0 || this.#stopping.signal.aborted) {
-      return;
-    }
-    const from = p.resumeFrom;
-    p.resumeFrom = undefined;
-    this.#paused--;
-    this.#deps.consumer.redeliverFrom(p.topic, p.partition, from);
-    this.#log.info("partition resumed", {
-      tenant: p.tenant,
-      topic: p.topic,
-      partition: p.partition,
-      offset: String(from),
-      dropped_while_paused: p.dropped,
-    });
-    p.dropped = 0;
-    this.#gauges();
-  }
-
-  #finished(p: Partition, job: Job, result: Result): void {
-    p.running.delete(job);
+  #finished(p: Partition, job: RelayJob, result: Result): void {
     this.#inFlight--;
-    this.#release(job);
-    if (job.failing) {
-      job.failing = false;
-      p.failing--;
-    }
-    // A let-go message was forgotten by the tracker and comes again.
-    if (result === "done" && !job.evicted) {
-      job.tracker.complete(job.m.offset);
-      if (++this.#doneSinceCommit >= this.#opts.commitBatch) void this.#commit();
+    const finished = p.finished(job, result);
+    if (finished.release) this.#budget.give(job.bytes);
+    if (finished.completed) this.#committer.done();
+    if (finished.resumeFrom !== undefined) {
+      // Resumed once no message of it is failing: the consumer hands it out again.
+      this.#paused--;
+      this.#deps.consumer.redeliverFrom(p.topic, p.partition, finished.resumeFrom);
+      this.#log.info("partition resumed", {
+        tenant: p.tenant,
+        topic: p.topic,
+        partition: p.partition,
+        offset: String(finished.resumeFrom),
+        dropped_while_paused: finished.droppedWhilePaused,
+      });
     }
     this.#gauges();
     if (this.#inFlight === 0 && this.#idle) {
       this.#idle.resolve();
       this.#idle = undefined;
     }
-    this.#maybeResume(p);
-    this.#pump(p);
+    this.#launch(p, finished.start);
   }
 
   /** Admits the job's message or dead-letters it; retries transient failures until done, let go or stopped. */
-  async #process(p: Partition, job: Job): Promise<Result> {
+  async #process(p: Partition, job: RelayJob): Promise<Result> {
     const { api, metrics } = this.#deps;
     const { m } = job;
     const tenant = p.tenant;
@@ -518,7 +343,7 @@ export class InboxRelay implements Service {
     const prepared = prepareBody(m.value, derivedDispatchKey(m.topic, m.partition, m.offset));
     if ("error" in prepared) {
       const now = new Date();
-      job.finishing = true;
+      p.decided(job);
       return await this.#deadLetter(tenant, m, {
         reason: "bad-json",
         status: "none",
@@ -549,7 +374,7 @@ export class InboxRelay implements Service {
         // A let-go message comes again and is counted then (as replayed).
         if (job.evicted) return "abandoned";
         // Decided: a pause before #finished records it must not let it go.
-        job.finishing = true;
+        p.decided(job);
         metrics.messages.inc({ outcome: outcome.kind });
         this.#log.debug("admitted", {
           ...where,
@@ -569,7 +394,7 @@ export class InboxRelay implements Service {
         outcome.kind === "transient" && outcome.reason === "unknown_workflow" &&
         now.getTime() - firstUnknownWorkflow >= this.#opts.unknownWorkflowGraceMs;
       if (outcome.kind === "permanent" || graceOver) {
-        job.finishing = true;
+        p.decided(job);
         return await this.#deadLetter(tenant, m, {
           reason: outcome.kind === "permanent" ? outcome.reason : "unknown-workflow",
           status: outcome.status ?? "none",
@@ -581,11 +406,7 @@ export class InboxRelay implements Service {
       }
       if (this.#stopping.signal.aborted) return "abandoned";
       metrics.retries.inc({ reason: outcome.reason });
-      if (!job.failing) {
-        job.failing = true;
-        p.failing++;
-        this.#pause(p, job);
-      }
+      this.#failed(p, job);
       const wait = retryDelay(
         attempt,
         outcome.retryAfterMs,
@@ -617,116 +438,7 @@ export class InboxRelay implements Service {
     }
   }
 
-  /** Writes the dead letter, retrying until the broker acknowledged it (or a hard stop). */
   async #deadLetter(tenant: string, m: ConsumedMessage, why: Failure): Promise<Result> {
-    const { producer, metrics } = this.#deps;
-    const letter = deadLetter(tenant, m, why);
-    const where = { tenant, topic: m.topic, partition: m.partition, offset: String(m.offset) };
-    for (let attempt = 0;; attempt++) {
-      if (this.#hardStop.signal.aborted) return "abandoned";
-      try {
-        const sent = await Promise.race([
-          producer.send([letter]),
-          new Promise<typeof STOP>((resolve) => {
-            if (this.#hardStop.signal.aborted) resolve(STOP);
-            this.#hardStop.signal.addEventListener("abort", () => resolve(STOP), { once: true });
-          }),
-        ]);
-        if (sent === STOP) return "abandoned";
-        metrics.messages.inc({ outcome: "dead_lettered" });
-        this.#log.warn("dead-lettered", {
-          ...where,
-          reason: why.reason,
-          status: why.status,
-          detail: why.detail,
-          attempts: why.attempts,
-          dlq: letter.topic,
-          dlq_offset: String(sent[0]?.offset),
-        });
-        return "done";
-      } catch (error) {
-        metrics.retries.inc({ reason: "dead_letter_write" });
-        this.#log.warn("dead letter write failed, retrying", { ...where, error, attempt });
-        await delay(
-          backoffWithJitter(attempt, this.#opts.backoffBaseMs, this.#opts.backoffCapMs),
-          this.#hardStop.signal,
-        );
-      }
-    }
-  }
-
-  /** Commits every partition's done prefix; one commit at a time, later calls join the next. */
-  #commit(): Promise<void> {
-    if (this.#committing) return this.#committing;
-    const batch: { p: Partition; tracker: OffsetTracker; offset: bigint }[] = [];
-    for (const p of this.#partitions.values()) {
-      const offset = p.tracker.toCommit();
-      if (offset !== undefined) batch.push({ p, tracker: p.tracker, offset });
-    }
-    if (batch.length === 0) return Promise.resolve();
-    this.#doneSinceCommit = 0;
-    this.#committing = this.#deps.consumer.commit(
-      batch.map(({ p, offset }) => ({ topic: p.topic, partition: p.partition, offset })),
-    ).then(() => {
-      for (const { tracker, offset } of batch) tracker.committed(offset);
-      this.#deps.metrics.commits.inc();
-    }, (error) => {
-      // Only after close(); the offsets stay committable for the next try.
-      this.#log.debug("commit failed", { error });
-    }).finally(() => {
-      this.#committing = undefined;
-    });
-    return this.#committing;
-  }
-
-  async #measureLag(): Promise<void> {
-    if (this.#lagMeasuring) return;
-    this.#lagMeasuring = true;
-    try {
-      await this.#refreshLagView();
-    } catch (error) {
-      // The broker is away: keep the last view, the seconds below still age.
-      this.#log.debug("lag measurement failed", { error });
-    } finally {
-      this.#lagMeasuring = false;
-    }
-    const { lagMessages, lagSeconds } = this.#deps.metrics;
-    const now = Date.now();
-    lagMessages.reset();
-    lagSeconds.reset();
-    for (const [key, { topic, partition, lag }] of this.#lagView) {
-      const labels = { topic, partition: String(partition) };
-      lagMessages.set(labels, Number(lag));
-      const oldest = this.#partitions.get(key)?.tracker.oldestPendingTimestamp();
-      lagSeconds.set(
-        labels,
-        lag > 0n && oldest !== undefined ? Math.max(0, now - oldest) / 1000 : 0,
-      );
-    }
-  }
-
-  async #refreshLagView(): Promise<void> {
-    const { admin } = this.#deps;
-    const topics = (await admin.listTopics()).filter(this.#opts.isDispatchTopic);
-    const [ends, starts, committed] = await Promise.all([
-      admin.endOffsets(topics),
-      admin.startOffsets(topics),
-      admin.committedOffsets(this.#opts.groupId, topics),
-    ]);
-    const byKey = (offsets: typeof ends) =>
-      new Map(offsets.map((o) => [partitionKey(o.topic, o.partition), o.offset]));
-    const done = byKey(committed);
-    const first = byKey(starts);
-    const view = new Map<string, { topic: string; partition: number; lag: bigint }>();
-    for (const end of ends) {
-      const key = partitionKey(end.topic, end.partition);
-      // Waiting: from the committed offset, or from the oldest message retention
-      // kept when nothing was committed yet (or the commit points before it).
-      const start = first.get(key) ?? 0n;
-      const from = done.get(key) ?? start;
-      const lag = end.offset - (from > start ? from : start);
-      view.set(key, { topic: end.topic, partition: end.partition, lag: lag > 0n ? lag : 0n });
-    }
-    this.#lagView = view;
+    return await this.#deadLetters.write(tenant, m, why) ? "done" : "abandoned";
   }
 }
