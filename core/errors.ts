@@ -65,6 +65,11 @@ export const ERRORS = {
    * error, never HTTP. Final: the attempts are spent.
    */
   "lease-expired": { status: 500, title: "The run's lease expired", retryable: false },
+  /**
+   * The Kafka broker did not take or give what was asked within its bound
+   * (never HTTP: the outbox and the relay retry with backoff, a CLI exits 1).
+   */
+  "kafka-unavailable": { status: 503, title: "Kafka unavailable", retryable: true },
   internal: { status: 500, title: "Internal error", retryable: true },
 } as const satisfies Record<string, ErrorKind>;
 

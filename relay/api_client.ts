@@ -5,7 +5,7 @@
  * that is what makes "no bypass" mechanical (the README's "The inbox relay").
  */
 import { HEADERS } from "../contracts/runs.ts";
-import type { ErrorCode } from "../core/errors.ts";
+import { type ErrorCode, ERRORS } from "../core/errors.ts";
 import { backoffWithJitter } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";
 import { type ApiAnswer, PoimenProblem, problemFromAnswer } from "../client/problems.ts";
@@ -38,19 +38,15 @@ export type Outcome =
     detail: string;
   };
 
-/** Why an attempt is retried; a bounded set, used as a metric label. */
-export type TransientReason =
-  | "network"
-  | "timeout"
-  | "auth"
-  | "request_timeout"
-  | "rate_limited"
-  | "unavailable"
-  | "server_error"
-  | "unknown_workflow"
-  | "not_poimen"
-  | "unexpected_problem"
-  | "unexpected_status";
+/**
+ * Why an attempt is retried, in the one vocabulary of codes: the code of the
+ * API's problem (a row of the one error table, e.g. `database-unavailable`,
+ * `unauthorized`, `unknown-workflow`), or the client's own for an attempt
+ * with no poimen answer: `network`, `timeout` (`PoimenNetworkError`) and
+ * `unexpected-response` (a proxy, another server, a code this relay does not
+ * know). A bounded set, used as a metric label.
+ */
+export type TransientReason = ErrorCode | "network" | "timeout" | "unexpected-response";
 
 /**
  * The poimen problem codes that make a dispatch message permanently
@@ -104,18 +100,16 @@ export function classify(
   ) {
     return { kind: "permanent", reason: problem.code };
   }
-  const transient = (reason: TransientReason) => ({ kind: "transient" as const, reason });
-  // A misconfigured token or a missing tenant row must not shred the queue:
-  // retried, loudly, until fixed.
-  if (status === 401 || status === 403) return transient("auth");
-  if (status === 408) return transient("request_timeout");
-  if (status === 429) return transient("rate_limited");
-  if (status === 503) return transient("unavailable");
-  if (status >= 500) return transient("server_error");
-  if (problem?.code === "unknown-workflow") return transient("unknown_workflow");
-  if (status >= 400) return transient(problem ? "unexpected_problem" : "not_poimen");
-  // 1xx/3xx from the admission endpoint means API_URL points at something else.
-  return transient("unexpected_status");
+  // Everything else is retried, never dead-lettered, under the code that
+  // says why: a misconfigured token or a missing tenant row must not shred
+  // the queue (retried, loudly, until fixed), a new workflow may not be known
+  // to every API yet, and 1xx/3xx or a stranger's 4xx means API_URL points
+  // at something else.
+  const known = problem !== undefined && Object.hasOwn(ERRORS, problem.code);
+  return {
+    kind: "transient",
+    reason: known ? problem.code as ErrorCode : PoimenProblem.UNEXPECTED,
+  };
 }
 
 /**

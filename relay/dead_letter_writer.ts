@@ -3,6 +3,7 @@
  * retries until the broker acknowledged it: the message counts as done only
  * then. Only the relay's hard stop gives up on it.
  */
+import type { ErrorCode } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay } from "../core/time.ts";
 import type { ConsumedMessage } from "../kafka/consumer.ts";
@@ -75,7 +76,7 @@ export class DeadLetterWriter {
         });
         return true;
       } catch (error) {
-        metrics.retries.inc({ reason: "dead_letter_write" });
+        metrics.retries.inc({ reason: "kafka-unavailable" satisfies ErrorCode });
         log.warn("dead letter write failed, retrying", { ...where, error, attempt });
         await delay(
           backoffWithJitter(attempt, this.#backoff.baseMs, this.#backoff.capMs),

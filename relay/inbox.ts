@@ -387,11 +387,11 @@ export class InboxRelay implements Service {
       if (job.evicted) return "abandoned";
       const now = new Date();
       firstFailure ??= now;
-      if (outcome.kind === "transient" && outcome.reason === "unknown_workflow") {
+      if (outcome.kind === "transient" && outcome.reason === "unknown-workflow") {
         firstUnknownWorkflow ??= now.getTime();
       }
       const graceOver = firstUnknownWorkflow !== undefined &&
-        outcome.kind === "transient" && outcome.reason === "unknown_workflow" &&
+        outcome.kind === "transient" && outcome.reason === "unknown-workflow" &&
         now.getTime() - firstUnknownWorkflow >= this.#opts.unknownWorkflowGraceMs;
       if (outcome.kind === "permanent" || graceOver) {
         p.decided(job);
@@ -424,7 +424,7 @@ export class InboxRelay implements Service {
         retry_after_ms: outcome.retryAfterMs,
         retry_in_ms: wait,
       };
-      if (outcome.reason === "auth") {
+      if (outcome.reason === "unauthorized" || outcome.reason === "forbidden") {
         // Loud on purpose: only an operator can fix the token or the tenant.
         this.#log.error("the API refuses the relay's credentials; retrying, not skipping", fields);
       } else if (attempt <= 3 || attempt % 10 === 0) {

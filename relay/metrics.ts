@@ -33,9 +33,9 @@ export function createRelayMetrics(registry: client.Registry) {
     }),
     retries: new client.Counter({
       name: "poimen_inbox_retries_total",
-      help: "Retried attempts, by reason (network, timeout, auth, unavailable, server_error, " +
-        "rate_limited, request_timeout, unknown_workflow, not_poimen, unexpected_problem, " +
-        "unexpected_status, dead_letter_write)",
+      help: "Retried attempts, by reason: the code of the API's problem (e.g. " +
+        "database-unavailable, unauthorized, unknown-workflow), network, timeout or " +
+        "unexpected-response (no poimen answer), kafka-unavailable (a dead letter not written)",
       labelNames: ["reason"] as const,
       registers,
     }),

@@ -669,7 +669,9 @@ relayTest(
     );
     await waitFor(
       "the bad tenant refused",
-      async () => (await relayMetric(relay, "poimen_inbox_retries_total", { reason: "auth" })) > 0,
+      async () =>
+        (await relayMetric(relay, "poimen_inbox_retries_total", { reason: "forbidden" })) >
+          0,
       LONG,
     );
     await waitFor(

@@ -302,7 +302,7 @@ Deno.test(
         failures.set(req.source, left - 1);
         return Promise.resolve({
           kind: "transient",
-          reason: "unavailable",
+          reason: "database-unavailable",
           status: 503,
           detail: "",
         });
