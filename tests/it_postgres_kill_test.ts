@@ -5,7 +5,9 @@
  * over and over for a few seconds (what `deno task chaos` does; the shared
  * cluster itself is never restarted). No process may exit, each must serve
  * again once the kills stop, and nothing is lost: every run a caller was told
- * exists is executed, and its events reach Kafka.
+ * exists is executed, and its events reach Kafka. And none of it was the
+ * process guard's doing (db/driver_guard.ts): every lost connection reached a
+ * caller, none was left for the guard to contain.
  *
  *   deno test -A tests/it_postgres_kill_test.ts
  */
@@ -16,7 +18,7 @@ import { parseEventMessage } from "../contracts/events.ts";
 import { SECOND } from "../core/time.ts";
 import { createPool } from "../db/pool.ts";
 import { ADMIN_URL, freshDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { ApiProcess, PoimenProcess, runCommand, sampleValue } from "./support/processes.ts";
 import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
 
 const LONG = 60 * SECOND;
@@ -152,6 +154,25 @@ Deno.test({
         return [...runIds].every((id) => complete(seen.get(id)));
       }, LONG);
       assert.deepEqual(exits(), []);
+
+      // The guard only hides what the patched driver should never raise:
+      // a count above 0 is a driver regression, even with every process up.
+      for (const p of procs) {
+        const url = p === api ? api.url : p.metricsUrl;
+        const text = await (await fetch(`${url}/metrics`)).text();
+        assert.match(
+          text,
+          /^# TYPE poimen_db_driver_faults_total counter$/m,
+          `${p.command}: the driver guard is installed`,
+        );
+        for (const kind of ["rejection", "exception"]) {
+          assert.equal(
+            sampleValue(text, "poimen_db_driver_faults_total", { kind }),
+            0,
+            `${p.command} contained driver faults (${kind}):\n${p.logs().join("\n")}`,
+          );
+        }
+      }
     } finally {
       calling = false;
       await Promise.all(callers).catch(() => {});

@@ -238,13 +238,21 @@ function Postgres(a, b) {
     let savepoints = 0
       , connection
       , prepare = null
-      , closed = null
+      , closeError = null // poimen patch: why the connection closed (not the pool's `closed` queue)
 
     try {
       await sql.unsafe('begin ' + options.replace(/[^a-z ]/ig, ''), [], { onexecute }).execute()
       return await Promise.race([
         scope(connection, fn),
-        new Promise((_, reject) => connection.onclose = (e) => (closed = e, reject(e)))
+        new Promise((_, reject) => connection.onclose = (e) => {
+          closeError = e
+          // poimen patch (upstream #1186): statements waiting in this
+          // transaction's own queue (the connection was full) are never
+          // handed to the connection now; fail them with the close.
+          while (queries.length)
+            queries.shift().reject(e)
+          reject(e)
+        })
       ])
     } catch (error) {
       throw error
@@ -295,8 +303,8 @@ function Postgres(a, b) {
         // poimen patch: once the transaction's connection has closed, the pool
         // may already have reconnected it for someone else; a statement of
         // this transaction (or its rollback) must not run there, outside it.
-        if (closed)
-          return q.reject(closed)
+        if (closeError)
+          return q.reject(closeError)
         c.queue === full
           ? queries.push(q)
           : c.execute(q) || move(c, full)
