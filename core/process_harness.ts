@@ -3,7 +3,9 @@
  * (the pool, the metrics server, the worker…), started in order and stopped
  * in reverse order. SIGTERM or SIGINT starts the graceful stop; a second
  * signal, or the stop deadline, forces the exit with one line naming the part
- * that did not stop. A part that fails to start stops the parts already
+ * that did not stop. A signal within `REPEATED_SIGNAL_MS` of the first is the
+ * same request arriving twice, not a second one: Ctrl-C in a terminal reaches
+ * every process of its group, and `deno task` also passes it on to its child. A part that fails to start stops the parts already
  * started, in reverse, and the process exits 1.
  *
  * Exit codes (what `run()` resolves with, and what a forced exit exits with):
@@ -48,7 +50,12 @@ export interface HarnessOptions {
   exit?: (code: number) => void;
   /** Default: SIGTERM and SIGINT of this process. */
   signals?: SignalSource;
+  /** Signals this soon after the first are not a second one. Default `REPEATED_SIGNAL_MS`. */
+  repeatedSignalMs?: number;
 }
+
+/** How soon after the first a signal is taken for the same one, delivered twice. */
+export const REPEATED_SIGNAL_MS = 1 * SECOND;
 
 /** The stop deadline unless a process asks for another. */
 export const DEFAULT_STOP_DEADLINE_MS = 30 * SECOND;
@@ -99,6 +106,8 @@ export class ProcessHarness {
   readonly #deadlineMs: number;
   readonly #exit: (code: number) => void;
   readonly #signals: SignalSource;
+  readonly #repeatedSignalMs: number;
+  #firstSignalAt: number | undefined;
   // Resolved by the first signal or stop(): the graceful stop begins.
   readonly #stopAsked = Promise.withResolvers<void>();
   // Resolved with the code of a forced exit.
@@ -116,6 +125,7 @@ export class ProcessHarness {
     this.#deadlineMs = options.stopDeadlineMs ?? DEFAULT_STOP_DEADLINE_MS;
     this.#exit = options.exit ?? ((code) => Deno.exit(code));
     this.#signals = options.signals ?? processSignals;
+    this.#repeatedSignalMs = options.repeatedSignalMs ?? REPEATED_SIGNAL_MS;
   }
 
   /**
@@ -205,9 +215,15 @@ export class ProcessHarness {
   #onSignal(signal: Deno.Signal): void {
     if (this.#isForced) return;
     if (this.#stopping) {
+      const since = this.#firstSignalAt === undefined ? Infinity : Date.now() - this.#firstSignalAt;
+      if (since < this.#repeatedSignalMs) {
+        this.#log.debug("signal repeated, still stopping", { signal, since_ms: since });
+        return;
+      }
       this.#force(`second ${signal}`, 128 + (SIGNAL_NUMBERS[signal] ?? 0));
       return;
     }
+    this.#firstSignalAt = Date.now();
     this.#stopping = true;
     this.#log.info("stopping", { signal });
     this.#beginStop();

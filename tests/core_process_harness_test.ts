@@ -48,6 +48,8 @@ function world() {
     log: createLogger("test", "debug", (l) => lines.push(JSON.parse(l))),
     exit: (code) => exits.push(code),
     signals: signals.source,
+    // The tests send their second signal at once; the window has its own test.
+    repeatedSignalMs: 0,
     ...more,
   });
   const part = (name: string, behaviour: Partial<Part> = {}): Part => ({
@@ -137,7 +139,7 @@ Deno.test("harness: a part that fails to start stops the started ones in reverse
   assert.equal(errors.length, 1, JSON.stringify(w.lines));
   assert.equal(errors[0].msg, "start failed");
   assert.equal(errors[0].part, "worker");
-  assert.equal(errors[0].error, "address in use");
+  assert.equal((errors[0].error as { message: string }).message, "address in use");
   assert.deepEqual(w.exits, []);
 });
 
@@ -195,6 +197,25 @@ Deno.test("harness: a second signal forces the exit at once (SIGTERM 143, SIGINT
   }
 });
 
+Deno.test("harness: a signal repeated within the window is the same stop, not a second signal", async () => {
+  const w = world();
+  const stopping = Promise.withResolvers<void>();
+  const done = new ProcessHarness(
+    [w.part("pool"), w.part("worker", { stop: () => stopping.promise })],
+    w.options({ stopDeadlineMs: 5 * SECOND, repeatedSignalMs: 60 * SECOND }),
+  ).run();
+  await waitFor("all started", () => w.events.length === 2, 5_000, 1);
+  // A terminal's Ctrl-C, to the process and again through `deno task`.
+  w.signals.send("SIGINT");
+  w.signals.send("SIGINT");
+  await waitFor("the worker stopping", () => w.events.includes("stop worker"), 5_000, 1);
+  stopping.resolve();
+  assert.equal(await done, 0);
+  assert.deepEqual(w.exits, []);
+  assert.equal(w.logged("forced exit").length, 0);
+  assert.equal(w.logged("stopping").length, 1);
+});
+
 Deno.test("harness: a signal while a part starts starts no more parts; a second one names it", async () => {
   const w = world();
   const starting = Promise.withResolvers<void>();
@@ -239,7 +260,7 @@ Deno.test("harness: a stop that fails does not keep the others from stopping; ex
   assert.deepEqual(w.events.slice(-2), ["stop pool", "stopped pool"]);
   const [failed] = w.logged("stop failed");
   assert.equal(failed.part, "worker");
-  assert.equal(failed.error, "release failed");
+  assert.equal((failed.error as { message: string }).message, "release failed");
   assert.deepEqual(w.exits, []);
 });
 

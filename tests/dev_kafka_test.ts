@@ -58,7 +58,10 @@ Deno.test("dev kafka: a bad variable or command is one line and exit 2", async (
   assert.match(bad.stderr, /^config: KAFKA_PORT is invalid: .+$/);
   const usage = await cli(["frobnicate"]);
   assert.equal(usage.code, 2);
-  assert.equal(usage.stderr, "usage: deno task kafka start|stop|status");
+  assert.equal(usage.stderr, 'kafka: unknown action "frobnicate"; one of start, stop, status');
+  const none = await cli([]);
+  assert.equal(none.code, 2);
+  assert.equal(none.stderr, "usage: kafka start|stop|status (see 'kafka --help')");
 });
 
 Deno.test("dev kafka: status of a broker that is not running is 'stopped' with exit 3", async () => {
