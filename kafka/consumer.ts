@@ -12,7 +12,11 @@ import { type Logger, silentLogger } from "../core/log.ts";
 import type { KafkaClientOptions, TopicPartitionOffset } from "./client.ts";
 import { createAdmin } from "./admin.ts";
 import { Assignment } from "./assignment.ts";
-import { ConsumerSupervisor, type SupervisorTimings } from "./consumer_supervisor.ts";
+import {
+  ConsumerSupervisor,
+  type SupervisorTimings,
+  supervisorTimings,
+} from "./consumer_supervisor.ts";
 import { FencedCommitter } from "./fenced_commit.ts";
 import type { GroupClientFactory } from "./group_client.ts";
 import { HandOutBuffer } from "./hand_out_buffer.ts";
@@ -194,7 +198,12 @@ export class GroupConsumer implements KafkaConsumer {
 
   constructor(opts: ConsumerOptions, deps: ConsumerDependencies) {
     this.#log = deps.log;
-    this.#topics = new TopicSelector(opts.topics, deps.lister);
+    const timings = { ...supervisorTimings(opts), ...deps.timings };
+    this.#topics = new TopicSelector(opts.topics, {
+      newLister: deps.lister,
+      timeoutMs: timings.listTopics,
+      onTimeout: () => opts.onRecovery?.("list-topics-timeout"),
+    }, this.#stop.signal);
     this.#buffer = new HandOutBuffer({
       maxBuffered: opts.maxBuffered ?? 1000,
       maxBufferedBytes: opts.maxBufferedBytes ?? 16 * 1024 * 1024,
@@ -208,7 +217,7 @@ export class GroupConsumer implements KafkaConsumer {
       assignment: this.#assignment,
       revoked: (partitions) => this.#revoked(partitions),
       stop: this.#stop,
-      timings: deps.timings,
+      timings,
     });
     this.#committer = new FencedCommitter(opts, deps.log, {
       assignment: this.#assignment,

@@ -21,7 +21,7 @@ import { sameTopics, type TopicSelector } from "./topic_selection.ts";
 export interface SupervisorTimings {
   /** Between re-evaluations of the topic selection. */
   topicRefresh: number;
-  /** A topic listing, then it is taken for hung. */
+  /** A topic listing, then it is taken for hung (see `TopicSelectorOptions.timeoutMs`). */
   listTopics: number;
   /** A join, then it is taken for hung and the client rebuilt. */
   joinBudget: number;
@@ -74,8 +74,8 @@ export interface SupervisorParts {
   revoked(partitions: TopicPartition[]): void;
   /** Aborted by `stop()`; whatever shares its signal stops with it. */
   stop: AbortController;
-  /** Overrides of `supervisorTimings(opts)`. */
-  timings?: Partial<SupervisorTimings>;
+  /** Usually `supervisorTimings(opts)`. */
+  timings: SupervisorTimings;
 }
 
 /** Keeps a consumer group member fetching until stopped; see the module's comment. */
@@ -107,7 +107,7 @@ export class ConsumerSupervisor {
     this.#parts = parts;
     this.#opts = parts.opts;
     this.#log = parts.log;
-    this.#timings = { ...supervisorTimings(parts.opts), ...parts.timings };
+    this.#timings = parts.timings;
     this.#signal = parts.stop.signal;
   }
 
@@ -171,16 +171,11 @@ export class ConsumerSupervisor {
       while (!this.#signal.aborted) {
         let failed = false;
         try {
-          const listed = await settleWithin(
-            this.#parts.topics.resolve(),
-            this.#timings.listTopics,
-            this.#signal,
-          );
+          // Bounded (see topic_selection.ts): a listing that hangs is counted
+          // there, and tried again here after the backoff.
+          const listed = await this.#parts.topics.resolve();
           if (listed === "stopped") break;
-          if (listed === "timed-out") {
-            this.#opts.onRecovery?.("list-topics-timeout");
-            throw new Error("listing topics did not finish");
-          }
+          if (listed === "timed-out") throw new Error("listing topics did not finish");
           const topics = listed.value;
           if (topics.length === 0) {
             this.#subscribed = [];
@@ -359,15 +354,24 @@ export class ConsumerSupervisor {
     }).finally(() => clearInterval(watchdog));
   }
 
+  // Every tick of the refresh, and on subscribe(): a listing still under way
+  // is joined, not started again (see topic_selection.ts).
   async #checkTopics(): Promise<void> {
     if (this.#signal.aborted || !this.#stream) return;
-    let topics: string[];
+    let listed;
     try {
-      topics = await this.#parts.topics.resolve();
+      listed = await this.#parts.topics.resolve();
     } catch (error) {
       this.#log.debug("kafka topic refresh failed", { error });
       return;
     }
+    if (listed === "timed-out") {
+      this.#log.warn("kafka topic refresh did not finish in time", {
+        waited_ms: this.#timings.listTopics,
+      });
+    }
+    if (typeof listed === "string") return;
+    const topics = listed.value;
     if (sameTopics(topics, this.#subscribed) || !this.#stream) return;
     this.#log.info("kafka consumer topics changed, resubscribing", {
       before: this.#subscribed.length,
