@@ -10,7 +10,6 @@ import type {
   FetchStream,
   GroupClient,
   GroupClientEvents,
-  GroupClientFactory,
 } from "../../kafka/group_client.ts";
 import type { TopicLister } from "../../kafka/topic_selection.ts";
 
@@ -168,9 +167,9 @@ export class FakeClient implements GroupClient {
 /** A factory of fake clients; the n-th client made follows `scripts[n]`. */
 export function fakeClients(
   scripts: ConsumeScript[][] = [],
-): { factory: GroupClientFactory; clients: FakeClient[] } {
+): { factory: (events: GroupClientEvents) => FakeClient; clients: FakeClient[] } {
   const clients: FakeClient[] = [];
-  const factory: GroupClientFactory = (events) => {
+  const factory = (events: GroupClientEvents) => {
     const client = new FakeClient(events, scripts[clients.length] ?? []);
     clients.push(client);
     return client;
