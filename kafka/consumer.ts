@@ -79,7 +79,7 @@ export interface ConsumerOptions extends KafkaClientOptions {
   /** Longest a fetch waits on the broker for data, in ms (default 500). */
   maxWaitMs?: number;
   /**
-   * Most bytes one fetch asks for (default 8 MiB; the library's own default,
+   * Most bytes one fetch asks for (default 8 MiB; @platformatic/kafka 2.12.1's default,
    * 50 MB, is held in memory per response). The broker still returns a
    * record batch larger than this, so no message is too large to consume.
    */
@@ -250,8 +250,9 @@ export class GroupConsumer implements KafkaConsumer {
 
   redeliverFrom(topic: string, partition: number, offset: bigint): void {
     if (this.#stop.signal.aborted) return;
-    // The library cannot seek one partition; a new stream starts from the
-    // committed offsets, and the buffer drops what was handed out already.
+    // @platformatic/kafka 2.12.1 cannot seek one partition of a stream; a new
+    // stream starts from the committed offsets, and the buffer drops what was
+    // handed out already.
     if (this.#buffer.redeliverFrom(topic, partition, offset)) this.#supervisor.restartStream();
   }
 

@@ -39,11 +39,13 @@ export function supervisorTimings(opts: ConsumerOptions): SupervisorTimings {
   return {
     topicRefresh: opts.topicRefreshMs ?? 5 * SECOND,
     // Listing topics asks the broker; a library call that never answers
-    // must not hold the consumer (nor close()) for good.
+    // (@platformatic/kafka 2.12.1's listTopics was seen to) must not hold
+    // the consumer (nor close()) for good.
     listTopics: 3 * requestTimeout,
     // A join waits on the group (at most the rebalance timeout) and on
     // requests that time out and are retried; past that budget it is not
-    // coming, and close() must not wait on it either.
+    // coming (@platformatic/kafka 2.12.1 was seen, after broker restarts, to
+    // never call a join back), and close() must not wait on it either.
     joinBudget: rebalanceTimeout(opts) + 2 * requestTimeout,
     // A stream fetches without pause while it owns partitions: each fetch
     // answers within the broker's wait (maxWaitMs) or fails within the

@@ -127,7 +127,8 @@ export class FencedCommitter {
       .catch((error) => ({ error }));
     if (typeof done === "object" && "value" in done) return;
     // The next attempt connects afresh: a connection to a broker that went
-    // away is not always noticed by the pool.
+    // away is not always noticed by the pool (@platformatic/kafka 2.12.1's
+    // ConnectionPool).
     const pool = this.#pool;
     this.#pool = undefined;
     void pool?.close().catch(() => {});

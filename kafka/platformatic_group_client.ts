@@ -118,7 +118,7 @@ class PlatformaticGroupClient implements GroupClient {
         maxWaitTime: settings.maxWaitMs,
         maxBytes: settings.maxFetchBytes,
         sessionTimeout: settings.sessionTimeoutMs,
-        // The library's default (102 s) would let one member that never
+        // The library's default (102 s in 2.12.1) would let one member that never
         // rejoins hold every other member's join that long.
         rebalanceTimeout: settings.rebalanceTimeoutMs,
         heartbeatInterval: settings.heartbeatIntervalMs,
