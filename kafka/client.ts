@@ -3,7 +3,8 @@
  * and buffer helpers. `kafka/` is the one folder that imports a Kafka library
  * (today @platformatic/kafka), behind a small typed interface
  * (`producer.ts`, `consumer.ts`, `admin.ts`, `topics.ts`) so the library can
- * be swapped without touching the processes.
+ * be swapped without touching the processes. Of the consumer's parts, only
+ * `platformatic_group_client.ts` and `fenced_commit.ts` use the library.
  *
  * Offsets follow Kafka's convention everywhere: a committed offset is the
  * offset of the NEXT message to read (last processed offset + 1).

@@ -14,7 +14,7 @@ import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../contract
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
-import { KAFKA_TEST, privateBroker } from "./support/kafka.ts";
+import { childMember, KAFKA_TEST, type MemberProcess, privateBroker } from "./support/kafka.ts";
 import { delay, SECOND, within } from "../core/time.ts";
 
 const BROKERS = [brokerAddress()];
@@ -46,57 +46,14 @@ function groupMember(groupId: string, topic: string): KafkaConsumer {
   });
 }
 
-/** A group member in a process of its own (tests/support/group_member.ts), to freeze. */
-interface MemberProcess {
-  pid: number;
-  /** Its stdout so far, line by line. */
-  out: string[];
-  /** Writes one line to its stdin. */
-  send(line: string): Promise<void>;
-  kill(): Promise<void>;
-}
-
+/** A member of `groupId` (tests/support/group_member.ts) in a process of its own, to freeze. */
 function memberProcess(groupId: string, topic: string, sessionMs: number): MemberProcess {
-  const child = new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--allow-net",
-      "--allow-env",
-      "--allow-read",
-      new URL("./support/group_member.ts", import.meta.url).pathname,
-      BROKERS.join(","),
-      groupId,
-      topic,
-      String(sessionMs),
-    ],
-    stdin: "piped",
-    stdout: "piped",
-    stderr: "null",
-  }).spawn();
-  const out: string[] = [];
-  const stdin = child.stdin.getWriter();
-  const reading = (async () => {
-    let pending = "";
-    for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
-      pending += chunk;
-      const lines = pending.split("\n");
-      pending = lines.pop()!;
-      out.push(...lines);
-    }
-  })();
-  return {
-    pid: child.pid,
-    out,
-    send: (line) => stdin.write(new TextEncoder().encode(`${line}\n`)),
-    async kill() {
-      try {
-        Deno.kill(child.pid, "SIGKILL");
-      } catch { /* exited already */ }
-      await child.status;
-      await stdin.close().catch(() => {});
-      await reading.catch(() => {});
-    },
-  };
+  return childMember(new URL("./support/group_member.ts", import.meta.url), [
+    BROKERS.join(","),
+    groupId,
+    topic,
+    String(sessionMs),
+  ]);
 }
 
 async function withAdmin<T>(fn: (admin: KafkaAdmin) => Promise<T>): Promise<T> {

@@ -112,3 +112,50 @@ export function consume(
   })();
   return { got, consumer };
 }
+
+/** A group member in a process of its own, to freeze (SIGSTOP) while it stays in the group. */
+export interface MemberProcess {
+  pid: number;
+  /** Its stdout so far, line by line. */
+  out: string[];
+  /** Writes one line to its stdin. */
+  send(line: string): Promise<void>;
+  kill(): Promise<void>;
+}
+
+/**
+ * Runs `script` (e.g. tests/support/group_member.ts) with `args` in a
+ * process of its own, with net, env and read permissions.
+ */
+export function childMember(script: URL, args: string[]): MemberProcess {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "--allow-net", "--allow-env", "--allow-read", script.pathname, ...args],
+    stdin: "piped",
+    stdout: "piped",
+    stderr: "null",
+  }).spawn();
+  const out: string[] = [];
+  const stdin = child.stdin.getWriter();
+  const reading = (async () => {
+    let pending = "";
+    for await (const chunk of child.stdout.pipeThrough(new TextDecoderStream())) {
+      pending += chunk;
+      const lines = pending.split("\n");
+      pending = lines.pop()!;
+      out.push(...lines);
+    }
+  })();
+  return {
+    pid: child.pid,
+    out,
+    send: (line) => stdin.write(new TextEncoder().encode(`${line}\n`)),
+    async kill() {
+      try {
+        Deno.kill(child.pid, "SIGKILL");
+      } catch { /* exited already */ }
+      await child.status;
+      await stdin.close().catch(() => {});
+      await reading.catch(() => {});
+    },
+  };
+}
