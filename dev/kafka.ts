@@ -2,7 +2,7 @@
  * A real single-node Apache Kafka (KRaft, combined broker + controller) for
  * local development and tests, assembled from Maven Central jars: no Docker.
  *
- *   deno task kafka start|stop|status
+ *   deno task kafka start|stop|status      (dev/kafka_command.ts)
  *
  * Jars are copied once into `<KAFKA_DIR>/libs` (dev/kafka/pom.xml), storage
  * is formatted on the first start only, so data survives stop/start. The JVM
@@ -14,8 +14,6 @@
  */
 import { z } from "zod";
 import { port, readEnv } from "../core/config.ts";
-import { ConfigError } from "../core/errors.ts";
-import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { createAdmin } from "../kafka/admin.ts";
 
@@ -26,7 +24,8 @@ const LOG4J = `${ROOT}/dev/kafka/log4j2.xml`;
 const START_DEADLINE = 90 * SECOND;
 const STOP_DEADLINE = 60 * SECOND;
 
-const kafkaDevEnv = z.object({
+/** The variables of the development broker. */
+export const kafkaDevEnv = z.object({
   KAFKA_PORT: port(9092),
   KAFKA_CONTROLLER_PORT: port(9093),
   KAFKA_DIR: z.string().min(1).default(".kafka"),
@@ -414,72 +413,4 @@ export async function killBroker(opts: BrokerOptions = brokerOptionsFromEnv()): 
   } catch { /* already gone */ }
   while (await alive(pid)) await delay(50);
   return true;
-}
-
-const COMMAND = {
-  name: "kafka",
-  synopsis: "start|stop|status",
-  description: `
-The local single-node Apache Kafka (KRaft) for development and tests, assembled
-from Maven Central jars (no Docker). start: brings it up (the first start
-downloads the jars into <KAFKA_DIR>/libs) and waits until it answers; stop:
-stops it; status: exit 0 when a broker answers on KAFKA_PORT, 3 when none does.`,
-  positionals: { min: 1, max: 1 },
-  env: kafkaDevEnv,
-} satisfies CommandSpec;
-
-async function main(args: string[]): Promise<number> {
-  const line = parseCommandLine(COMMAND, args);
-  if (typeof line === "number") return line;
-  const command = line.positionals[0];
-  if (!["start", "stop", "status"].includes(command)) {
-    return usageError(
-      COMMAND,
-      `unknown action ${JSON.stringify(command)}; one of start, stop, status`,
-    );
-  }
-  const say = (line: string) => console.log(line);
-  let opts: BrokerOptions;
-  try {
-    opts = { ...brokerOptionsFromEnv(), report: say };
-  } catch (error) {
-    if (error instanceof ConfigError) {
-      console.error(error.message);
-      return 2;
-    }
-    throw error;
-  }
-  switch (command) {
-    case "start":
-      await startBroker(opts);
-      return 0;
-    case "stop":
-      await stopBroker(opts);
-      return 0;
-    case "status": {
-      const pid = await brokerRunning(opts);
-      if (pid !== undefined) {
-        say(`kafka running (pid ${pid}) on ${brokerAddress(opts)}`);
-        return 0;
-      }
-      // A broker this script did not start (compose, another checkout) still
-      // serves clients: report it as running, but not ours to stop.
-      if (await brokerAnswers(brokerAddress(opts))) {
-        say(`kafka running (not managed here) on ${brokerAddress(opts)}`);
-        return 0;
-      }
-      say("kafka stopped");
-      return 3;
-    }
-  }
-  return 2;
-}
-
-if (import.meta.main) {
-  try {
-    Deno.exit(await main(Deno.args));
-  } catch (error) {
-    console.error(`kafka: ${error instanceof Error ? error.message : String(error)}`);
-    Deno.exit(1);
-  }
 }

@@ -15,7 +15,7 @@ import {
   startBroker,
 } from "../dev/kafka.ts";
 
-const SCRIPT = new URL("../dev/kafka.ts", import.meta.url).pathname;
+const SCRIPT = new URL("../dev/kafka_command.ts", import.meta.url).pathname;
 const PERMS = ["--allow-run", "--allow-read", "--allow-write", "--allow-env", "--allow-net"];
 
 async function cli(args: string[], env: Record<string, string> = {}) {
