@@ -70,6 +70,11 @@ export const ERRORS = {
    * (never HTTP: the outbox and the relay retry with backoff, a CLI exits 1).
    */
   "kafka-unavailable": { status: 503, title: "Kafka unavailable", retryable: true },
+  /**
+   * The broker refused records as they are (too large, invalid): sending them
+   * again cannot help; the outbox parks them.
+   */
+  "kafka-refused": { status: 500, title: "Kafka refused the records", retryable: false },
   internal: { status: 500, title: "Internal error", retryable: true },
 } as const satisfies Record<string, ErrorKind>;
 

@@ -8,6 +8,7 @@ import {
   baseOptions,
   isApiError,
   type KafkaClientOptions,
+  reportingFailures,
   type TopicPartitionOffset,
 } from "./client.ts";
 
@@ -105,7 +106,7 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
     );
   }
 
-  return {
+  return reportingFailures("kafka admin", {
     async createTopics(specs) {
       const created: string[] = [];
       const existing: string[] = [];
@@ -209,5 +210,5 @@ export function createAdmin(opts: KafkaClientOptions & { retries?: number }): Ka
       closed = true;
       await admin.close();
     },
-  };
+  });
 }

@@ -11,6 +11,7 @@
  */
 import { Buffer } from "node:buffer";
 import { findErrorBy } from "@platformatic/kafka";
+import { type ErrorCode, PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
 
@@ -66,11 +67,70 @@ export function identityBuffer(data?: Buffer): Buffer | undefined {
   return data;
 }
 
+/** Whether the broker answered `error` (or an error it wraps as a cause) with `apiId`. */
 export function isApiError(error: unknown, apiId: string): boolean {
-  return error instanceof Error && findErrorBy(error, "apiId", apiId) !== null;
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
+    if (findErrorBy(e, "apiId", apiId) !== null) return true;
+  }
+  return false;
 }
 
 /** The key of one partition of one topic in a Map. */
 export function partitionKey(topic: string, partition: number): string {
   return `${topic}\u0000${partition}`;
+}
+
+/**
+ * A Kafka failure as poimen reports every failure: a `PoimenError`, code
+ * `kafka-unavailable` (retryable: the broker away, slow or busy; the
+ * long-running processes retry with backoff, a command exits 1) unless told
+ * otherwise, its message naming `what` failed and the root cause (one line a
+ * command can print), the library's error kept as its `cause` (the logger
+ * writes the chain; `isApiError` and `permanentRecordError` look through it).
+ */
+export function kafkaFailure(
+  what: string,
+  error: unknown,
+  code: ErrorCode = "kafka-unavailable",
+): PoimenError {
+  if (error instanceof PoimenError) return error;
+  return new PoimenError(code, `${what}: ${rootMessage(error)}`, { cause: error });
+}
+
+// The library wraps the telling error ("connect ECONNREFUSED …") in generic
+// ones ("Producing messages failed."), as an AggregateError's last one or a cause.
+function rootMessage(error: unknown): string {
+  let current = error;
+  for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
+    const nested = (current as { errors?: unknown[] }).errors;
+    const next = Array.isArray(nested) && nested.length > 0
+      ? nested[nested.length - 1]
+      : current.cause;
+    if (!(next instanceof Error) || !next.message) break;
+    current = next;
+  }
+  return current instanceof Error ? current.message : String(current);
+}
+
+/**
+ * `client` with every method but `close` reporting its failures as
+ * `kafkaFailure(`${what} ${method}`)`: the boundary where the library's
+ * errors become poimen's.
+ */
+export function reportingFailures<T extends { close(): Promise<void> }>(
+  what: string,
+  client: T,
+): T {
+  const out = { ...client };
+  for (const [name, method] of Object.entries(client)) {
+    if (name === "close" || typeof method !== "function") continue;
+    (out as Record<string, unknown>)[name] = async (...args: unknown[]) => {
+      try {
+        return await (method as (...a: unknown[]) => Promise<unknown>).apply(client, args);
+      } catch (error) {
+        throw kafkaFailure(`${what} ${name}`, error);
+      }
+    };
+  }
+  return out;
 }

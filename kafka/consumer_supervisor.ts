@@ -7,6 +7,7 @@
  * is destroyed; a topic listing gets a while, then it is tried again. Each
  * such recovery is told to `onRecovery` (see `ConsumerRecovery`).
  */
+import { PoimenError } from "../core/errors.ts";
 import { type Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND, within } from "../core/time.ts";
 import { DEFAULT_REQUEST_TIMEOUT, RETRY_CAP } from "./client.ts";
@@ -177,7 +178,9 @@ export class ConsumerSupervisor {
           // there, and tried again here after the backoff.
           const listed = await this.#parts.topics.resolve();
           if (listed === "stopped") break;
-          if (listed === "timed-out") throw new Error("listing topics did not finish");
+          if (listed === "timed-out") {
+            throw new PoimenError("kafka-unavailable", "listing topics did not finish");
+          }
           const topics = listed.value;
           if (topics.length === 0) {
             this.#subscribed = [];
@@ -240,7 +243,8 @@ export class ConsumerSupervisor {
       // A fresh client next: this one's group state is stuck.
       this.#opts.onRecovery?.("join-timeout");
       await this.#dropClient(true);
-      throw new Error(
+      throw new PoimenError(
+        "kafka-unavailable",
         `kafka consumer join did not finish in ${budget} ms; the client was rebuilt`,
       );
     }

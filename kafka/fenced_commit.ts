@@ -5,11 +5,13 @@
  * another member meanwhile is never committed from here.
  */
 import { ConnectionPool, offsetCommitV8 } from "@platformatic/kafka";
+import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay } from "../core/time.ts";
 import {
   DEFAULT_REQUEST_TIMEOUT,
   type KafkaClientOptions,
+  kafkaFailure,
   RETRY_BASE,
   RETRY_CAP,
   type TopicPartitionOffset,
@@ -133,6 +135,8 @@ export class FencedCommitter {
     this.#pool = undefined;
     void pool?.close().catch(() => {});
     if (done === "stopped") throw new Error("kafka consumer is closed");
-    throw done === "timed-out" ? new Error("the commit did not finish in time") : done.error;
+    throw done === "timed-out"
+      ? new PoimenError("kafka-unavailable", "the commit did not finish in time")
+      : kafkaFailure("kafka commit", done.error);
   }
 }

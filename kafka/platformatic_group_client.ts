@@ -12,6 +12,7 @@ import {
   type MessagesStream,
   stringDeserializer,
 } from "@platformatic/kafka";
+import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { baseOptions, identityBuffer, type KafkaClientOptions } from "./client.ts";
 import type { ConsumedMessage } from "./consumer.ts";
@@ -161,7 +162,10 @@ class PlatformaticGroupClient implements GroupClient {
     const metadata = await this.#client.metadata({ topics });
     const broker = metadata.brokers.get(coordinator);
     if (!broker) {
-      throw new Error(`the group coordinator (node ${coordinator}) is not in the metadata`);
+      throw new PoimenError(
+        "kafka-unavailable",
+        `the group coordinator (node ${coordinator}) is not in the metadata`,
+      );
     }
     return broker;
   }

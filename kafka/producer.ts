@@ -8,6 +8,7 @@ import {
   baseOptions,
   identityBuffer,
   type KafkaClientOptions,
+  kafkaFailure,
   partitionKey,
   toBuffer,
   type TopicPartitionOffset,
@@ -114,37 +115,15 @@ export function createProducer(opts: ProducerOptions): KafkaProducer {
   let closed = false;
   return {
     async send(messages) {
-      if (messages.length === 0) return [];
-      // Partitions are chosen here, as the Java client does (murmur2 & 0x7fffffff),
-      // so that every producer of a key agrees on its partition and so that
-      // each message's offset can be told from the per-partition base offsets.
-      const topics = [...new Set(messages.map((m) => m.topic))];
-      const metadata = await producer.metadata({ topics });
-      const partitions = messages.map((m) => {
-        if (m.partition !== undefined) return m.partition;
-        return partitionFor(m.key, metadata.topics.get(m.topic)?.partitionsCount ?? 1);
-      });
-      const result = await producer.send({
-        messages: messages.map((m, i) => ({
-          topic: m.topic,
-          key: m.key,
-          value: toBuffer(m.value),
-          headers: m.headers ? new Map(Object.entries(m.headers)) : undefined,
-          partition: partitions[i],
-        })),
-      });
-      const base = new Map<string, bigint>();
-      for (const o of result.offsets ?? []) {
-        base.set(partitionKey(o.topic, o.partition), BigInt(o.offset));
+      try {
+        return await send(messages);
+      } catch (error) {
+        throw kafkaFailure(
+          "kafka produce",
+          error,
+          permanentRecordError(error) ? "kafka-refused" : "kafka-unavailable",
+        );
       }
-      // A produce request appends each partition's messages in send order.
-      const next = new Map<string, bigint>();
-      return messages.map((m, i) => {
-        const key = partitionKey(m.topic, partitions[i]);
-        const offset = next.get(key) ?? base.get(key) ?? -1n;
-        next.set(key, offset + 1n);
-        return { topic: m.topic, partition: partitions[i], offset };
-      });
     },
     async close() {
       if (closed) return;
@@ -152,4 +131,38 @@ export function createProducer(opts: ProducerOptions): KafkaProducer {
       await producer.close();
     },
   };
+
+  async function send(messages: ProduceMessage[]) {
+    if (messages.length === 0) return [];
+    // Partitions are chosen here, as the Java client does (murmur2 & 0x7fffffff),
+    // so that every producer of a key agrees on its partition and so that
+    // each message's offset can be told from the per-partition base offsets.
+    const topics = [...new Set(messages.map((m) => m.topic))];
+    const metadata = await producer.metadata({ topics });
+    const partitions = messages.map((m) => {
+      if (m.partition !== undefined) return m.partition;
+      return partitionFor(m.key, metadata.topics.get(m.topic)?.partitionsCount ?? 1);
+    });
+    const result = await producer.send({
+      messages: messages.map((m, i) => ({
+        topic: m.topic,
+        key: m.key,
+        value: toBuffer(m.value),
+        headers: m.headers ? new Map(Object.entries(m.headers)) : undefined,
+        partition: partitions[i],
+      })),
+    });
+    const base = new Map<string, bigint>();
+    for (const o of result.offsets ?? []) {
+      base.set(partitionKey(o.topic, o.partition), BigInt(o.offset));
+    }
+    // A produce request appends each partition's messages in send order.
+    const next = new Map<string, bigint>();
+    return messages.map((m, i) => {
+      const key = partitionKey(m.topic, partitions[i]);
+      const offset = next.get(key) ?? base.get(key) ?? -1n;
+      next.set(key, offset + 1n);
+      return { topic: m.topic, partition: partitions[i], offset };
+    });
+  }
 }

@@ -2,6 +2,7 @@
  * The outbox's Kafka side: declares each tenant's events topic once, sends
  * records with a deadline, and replaces the producer after a failed send.
  */
+import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { delay, within } from "../core/time.ts";
 import type { PendingEvent } from "../db/outbox.ts";
@@ -73,7 +74,10 @@ export class KafkaSender {
         producer.send(messages),
         delay(this.#opts.sendTimeoutMs, timeout.signal).then(() => {
           if (!timeout.signal.aborted) {
-            throw new Error(`publish not acknowledged within ${this.#opts.sendTimeoutMs} ms`);
+            throw new PoimenError(
+              "kafka-unavailable",
+              `publish not acknowledged within ${this.#opts.sendTimeoutMs} ms`,
+            );
           }
         }),
       ]);
