@@ -11,8 +11,8 @@ import {
   selectRunEvents,
   selectRuns,
 } from "../db/runs.ts";
-import { notifyCancel, requestCancel } from "../db/queue.ts";
-import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
+import { requestCancel } from "../db/cancellation.ts";
+import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import {

@@ -61,7 +61,7 @@ export const ERRORS = {
   },
   /**
    * A run's last attempt ended with its lease expired (the worker died or
-   * lost Postgres): written by the reclaimer's SQL (db/queue.ts) as a run
+   * lost Postgres): written by the reclaimer's SQL (db/leases.ts) as a run
    * error, never HTTP. Final: the attempts are spent.
    */
   "lease-expired": { status: 500, title: "The run's lease expired", retryable: false },

@@ -1,5 +1,5 @@
 /**
- * LISTEN for wake-up notifications (db/notify.ts, db/queue.ts's channels).
+ * LISTEN for wake-up notifications (db/notify.ts has the channels).
  * Those who listen also poll, so a notification only saves latency; what
  * this module guards is that listening never stops for good:
  *

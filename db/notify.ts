@@ -14,3 +14,32 @@ export const OUTBOX_CHANNEL = "poimen_outbox";
 export async function notifyChannels(sql: Sql, channels: readonly string[]): Promise<void> {
   await sql`select pg_notify(c, '') from unnest(${channels as string[]}::text[]) as c`;
 }
+
+/** The `LISTEN`/`NOTIFY` channel that says "runs are queued". */
+export const QUEUE_CHANNEL = "poimen_runs";
+
+/**
+ * The `LISTEN`/`NOTIFY` channel that says "a cancel was requested for the
+ * running run `<tenant>/<run_id>`" (the payload). Only a hint to look now:
+ * the worker reads the request from the row, in a heartbeat fenced by
+ * attempt, never from the payload.
+ */
+export const CANCEL_CHANNEL = "poimen_cancel";
+
+/**
+ * `NOTIFY poimen_cancel '<tenant>/<run_id>'`: tells the worker running that
+ * run to look at it now rather than at its next heartbeat. Sent after the
+ * request committed; losing it only delays the cancel by a heartbeat.
+ */
+export async function notifyCancel(sql: Sql, tenantId: string, runId: string): Promise<void> {
+  await sql`select pg_notify(${CANCEL_CHANNEL}, ${`${tenantId}/${runId}`})`;
+}
+
+/**
+ * `NOTIFY poimen_runs`: wakes listening workers. Call it after the
+ * transaction that queued runs committed, not inside it, and coalesce calls
+ * (see `Waker` in core/waker.ts).
+ */
+export async function notifyQueued(sql: Sql): Promise<void> {
+  await sql`select pg_notify(${QUEUE_CHANNEL}, '')`;
+}

@@ -18,17 +18,11 @@ import assert from "node:assert/strict";
 import postgres from "postgres";
 import type { Sql } from "../db/pool.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../db/admission.ts";
-import {
-  claimRuns,
-  completeRun,
-  completeRuns,
-  failAttempt,
-  heartbeat,
-  queueStats,
-  reclaimExpired,
-  releaseRun,
-  requestCancel,
-} from "../db/queue.ts";
+import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attempt_end.ts";
+import { requestCancel } from "../db/cancellation.ts";
+import { claimRuns } from "../db/claims.ts";
+import { heartbeat, reclaimExpired } from "../db/leases.ts";
+import { queueStats } from "../db/queue_stats.ts";
 import {
   claimPendingEvents,
   markPublished,

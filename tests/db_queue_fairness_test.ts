@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
-import { claimRuns } from "../db/queue.ts";
+import { claimRuns } from "../db/claims.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { PoimenProcess } from "./support/processes.ts";

@@ -9,16 +9,10 @@ import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
-import {
-  claimRuns,
-  completeRun,
-  completeRuns,
-  failAttempt,
-  heartbeat,
-  reclaimExpired,
-  releaseRun,
-  requestCancel,
-} from "../db/queue.ts";
+import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attempt_end.ts";
+import { requestCancel } from "../db/cancellation.ts";
+import { claimRuns } from "../db/claims.ts";
+import { heartbeat, reclaimExpired } from "../db/leases.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 

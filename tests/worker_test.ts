@@ -8,7 +8,9 @@ import { Admission } from "../admission/admit.ts";
 import { createLogger, silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { createPool, type Sql } from "../db/pool.ts";
-import { claimRuns, queueStats, type ReclaimedRun } from "../db/queue.ts";
+import { claimRuns } from "../db/claims.ts";
+import type { ReclaimedRun } from "../db/leases.ts";
+import { queueStats } from "../db/queue_stats.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import {

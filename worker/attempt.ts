@@ -6,7 +6,8 @@
  * is requested or the worker shuts down.
  */
 import type { Logger } from "../core/log.ts";
-import type { AttemptError, ClaimedRun } from "../db/queue.ts";
+import type { AttemptError } from "../db/attempt_end.ts";
+import type { ClaimedRun } from "../db/claims.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { attemptError, errorMessage } from "./run_output.ts";
 

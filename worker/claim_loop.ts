@@ -14,7 +14,7 @@ import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
 import type { WakeableSleep } from "../core/wakeable_sleep.ts";
 import type { Sql } from "../db/pool.ts";
-import { type ClaimedRun, claimRuns } from "../db/queue.ts";
+import { type ClaimedRun, claimRuns } from "../db/claims.ts";
 
 /** What the claim loop needs of its worker. */
 export interface ClaimLoopContext {

@@ -1,6 +1,6 @@
 /**
  * Finishing attempts: the writes that end an attempt, each fenced by
- * attempt (db/queue.ts). A result is written as `succeeded`; completions of
+ * attempt (db/attempt_end.ts). A result is written as `succeeded`; completions of
  * runs that end together share one statement and commit (group commit:
  * short runs would otherwise pay a WAL flush each). A failure is written as
  * a retry with backoff, `failed` after the last attempt, or `cancelled` when
@@ -10,16 +10,15 @@
 import { Batcher } from "../core/batcher.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
-import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
+import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
 import {
   type AttemptError,
   completeRuns,
   type Completion,
   failAttempt,
-  QUEUE_CHANNEL,
   releaseRun,
-} from "../db/queue.ts";
+} from "../db/attempt_end.ts";
 import type { Attempt, AttemptResult } from "./attempt.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { boundError, encodeResult } from "./run_output.ts";

@@ -11,7 +11,7 @@
  */
 import { delay } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
-import { heartbeat } from "../db/queue.ts";
+import { heartbeat } from "../db/leases.ts";
 import { type Attempt, loseLease } from "./attempt.ts";
 import type { WorkerHooks } from "./hooks.ts";
 

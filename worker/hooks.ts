@@ -1,5 +1,5 @@
 /** What a `Worker` reports as it goes (worker/metrics.ts turns it into metrics). */
-import type { ReclaimedRun } from "../db/queue.ts";
+import type { ReclaimedRun } from "../db/leases.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =

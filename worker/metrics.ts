@@ -1,7 +1,7 @@
 /** The worker's Prometheus metrics, on a registry of its own (never prom-client's global one). */
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
-import type { QueueStats } from "../db/queue.ts";
+import type { QueueStats } from "../db/queue_stats.ts";
 import type { WorkerHooks } from "./hooks.ts";
 
 export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;

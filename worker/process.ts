@@ -12,7 +12,7 @@ import { metricsPart } from "../core/metrics_server.ts";
 import { abortable } from "../core/health.ts";
 import { createPool, ping } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
-import { queueStats } from "../db/queue.ts";
+import { queueStats } from "../db/queue_stats.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { defaultWorkerId, readWorkerConfig, workerEnvSchema } from "./config.ts";

@@ -9,7 +9,7 @@ import type { Logger } from "../core/log.ts";
 import { MaintenanceService } from "../core/maintenance.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
-import { type ReclaimedRun, reclaimExpired } from "../db/queue.ts";
+import { type ReclaimedRun, reclaimExpired } from "../db/leases.ts";
 
 /** Options of `Reclaimer`. */
 export interface ReclaimerOptions {

@@ -9,7 +9,7 @@
  * is how the API and the outbox send it on.
  */
 import type { ErrorCode } from "../core/errors.ts";
-import type { AttemptError } from "../db/queue.ts";
+import type { AttemptError } from "../db/attempt_end.ts";
 
 /** Default of `RUN_RESULT_MAX_BYTES`: 256 KiB. */
 export const DEFAULT_RUN_RESULT_MAX_BYTES = 256 * 1024;

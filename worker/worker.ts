@@ -31,9 +31,15 @@ import { WakeableSleep } from "../core/wakeable_sleep.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { delay, MINUTE, SECOND } from "../core/time.ts";
 import { Listener } from "../db/listener.ts";
-import { notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
+import {
+  CANCEL_CHANNEL,
+  notifyChannels,
+  notifyQueued,
+  OUTBOX_CHANNEL,
+  QUEUE_CHANNEL,
+} from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
-import { CANCEL_CHANNEL, type ClaimedRun, notifyQueued, QUEUE_CHANNEL } from "../db/queue.ts";
+import type { ClaimedRun } from "../db/claims.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { type Attempt, type AttemptResult, newAttempt, runHandler } from "./attempt.ts";
 import { claimLoop } from "./claim_loop.ts";

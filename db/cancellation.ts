@@ -1,0 +1,52 @@
+/**
+ * Cancelling (`requestCancel`): a queued run is cancelled by the API's own
+ * statement; a running one only gets `cancel_requested_at`, and its end is
+ * written by the worker's fenced statements, which read the request on the
+ * row: the heartbeat reports it (db/leases.ts), and a failed, released or
+ * reclaimed attempt of such a run ends it `cancelled` instead of queueing it
+ * again (db/attempt_end.ts, db/leases.ts). `notifyCancel` (db/notify.ts)
+ * tells the worker to look now.
+ */
+import type { Sql } from "./pool.ts";
+import { runColumns, type RunRow } from "./runs.ts";
+import { EVENT_COLUMNS } from "./queue_sql.ts";
+
+const RUN_COLUMNS = runColumns();
+
+/**
+ * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
+ * (waiting for its first attempt, or for a retry) becomes `cancelled` at
+ * once with a `run.cancelled` event `{attempt, requested_at}`; a running run
+ * gets `cancel_requested_at` (its worker ends it, see `heartbeat` and
+ * `failAttempt`). Returns the run as it now is, with its input; undefined
+ * when nothing was written: no such run for this tenant, a finished run, or
+ * a running run whose cancel was already requested (read it with
+ * `selectRun`). Writing nothing in those cases keeps a repeated cancel cheap.
+ */
+export async function requestCancel(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+): Promise<(RunRow & { input: unknown }) | undefined> {
+  const [row] = await sql<(RunRow & { input: unknown })[]>`
+    with upd as (
+      update runs
+         set status = case when status = 'queued' then 'cancelled' else status end,
+             cancel_requested_at = coalesce(cancel_requested_at, now()),
+             finished_at = case when status = 'queued' then now() else finished_at end,
+             updated_at = now(),
+             event_seq = case when status = 'queued' then event_seq + 1 else event_seq end
+       where tenant_id = ${tenantId} and run_id = ${runId}
+         and (status = 'queued' or (status = 'running' and cancel_requested_at is null))
+      returning ${sql.unsafe(RUN_COLUMNS)}, input, event_seq
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq, 'run.cancelled', goal_id, dispatch_key,
+             jsonb_build_object('attempt', attempts, 'requested_at', cancel_requested_at), now()
+        from upd
+       where status = 'cancelled'
+    )
+    select ${sql.unsafe(RUN_COLUMNS)}, input from upd`;
+  return row;
+}

@@ -1,0 +1,152 @@
+/**
+ * Leases: a worker's heartbeat extends the lease on the run it executes, and
+ * the reclaimer takes back the runs whose lease expired (their worker died or
+ * hung). Both are fenced as db/queue_sql.ts explains.
+ */
+import type { Sql } from "./pool.ts";
+import type { RunStatus } from "./runs.ts";
+import { EVENT_COLUMNS } from "./queue_sql.ts";
+
+/** A run whose expired lease `reclaimExpired` took back. */
+export interface ReclaimedRun {
+  tenant_id: string;
+  run_id: string;
+  /**
+   * `queued` (retried), `failed` (that was its last attempt) or `cancelled`
+   * (a cancel was requested while it ran).
+   */
+  status: RunStatus;
+  attempts: number;
+  /** The worker that held the lease. */
+  previous_owner: string | null;
+}
+
+/**
+ * Takes back up to `limit` runs whose lease expired (their worker died or
+ * hung): back to `queued`, due now, with a `run.retrying` event `{attempt,
+ * reason: 'lease expired', worker}`; or `failed` with a `run.failed` event
+ * when the expired attempt was the last one; or `cancelled` with a
+ * `run.cancelled` event when a cancel was requested meanwhile. The attempt
+ * counts: a run that kills its worker every time must not be retried forever.
+ */
+export async function reclaimExpired(sql: Sql, limit: number): Promise<ReclaimedRun[]> {
+  // Updated through an always-conflicting upsert, as in `claimRuns`: each
+  // row is found by the primary key's probe, never by a planned join.
+  return await sql<ReclaimedRun[]>`
+    with expired as (
+      select * from runs
+       where status = 'running' and lease_expires_at < now()
+       order by lease_expires_at
+       limit ${limit}
+       for update skip locked
+    ),
+    upd as (
+      insert into runs select * from expired
+      on conflict (tenant_id, run_id) do update
+         set status = case when runs.cancel_requested_at is not null then 'cancelled'
+                           when runs.attempts >= runs.max_attempts then 'failed'
+                           else 'queued' end,
+             run_after = case when runs.cancel_requested_at is null
+                                   and runs.attempts < runs.max_attempts
+                              then now() else runs.run_after end,
+             error = case when runs.cancel_requested_at is null
+                               and runs.attempts >= runs.max_attempts
+                          then jsonb_build_object('message', 'lease expired', 'code', 'lease-expired',
+                                                  'attempt', runs.attempts,
+                                                  'worker', runs.lease_owner)
+                          else runs.error end,
+             finished_at = case when runs.cancel_requested_at is not null
+                                  or runs.attempts >= runs.max_attempts then now() end,
+             lease_owner = null,
+             lease_expires_at = null,
+             updated_at = now(),
+             event_seq = runs.event_seq + 1
+       where runs.status = 'running'
+      returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
+                runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at
+    ),
+    -- Two CTEs joined: no table is read, whatever the plan.
+    reclaimed as (
+      select u.*, e.lease_owner as previous_owner
+        from upd u join expired e on e.tenant_id = u.tenant_id and e.run_id = u.run_id
+    ),
+    ev as (
+      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+      select tenant_id, run_id, event_seq,
+             case status when 'failed' then 'run.failed' when 'cancelled' then 'run.cancelled'
+                         else 'run.retrying' end,
+             goal_id, dispatch_key,
+             case status
+               when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
+               when 'cancelled' then jsonb_build_object('attempt', attempts,
+                                       'reason', 'lease expired', 'worker', previous_owner,
+                                       'requested_at', cancel_requested_at)
+               else jsonb_build_object('attempt', attempts, 'reason', 'lease expired',
+                                       'worker', previous_owner, 'retry_at', now())
+             end,
+             now()
+        from reclaimed
+    )
+    select tenant_id, run_id, status, attempts, previous_owner from reclaimed`;
+}
+
+/**
+ * What a heartbeat learned: the lease is extended (`held`), extended but a
+ * cancel was requested (`cancel-requested`: abort the handler, keep beating
+ * until it returned), or gone (`lost`: stop working on the run).
+ */
+export type HeartbeatResult = "held" | "cancel-requested" | "lost";
+
+/**
+ * Extends `owner`'s lease on attempt `attempt` of a running run to now +
+ * `leaseMs`. `lost` when the lease is lost (reclaimed, finished, owned by
+ * another worker or by a newer attempt): the caller must stop working on the
+ * run. Not a state change, so no event.
+ *
+ * `signal` bounds the wait: when it aborts, the statement is cancelled (also
+ * on the server, where it may be waiting for a row lock) and the promise
+ * rejects with the signal's reason. A heartbeat that timed out may or may
+ * not have been written; the caller treats its lease as unconfirmed.
+ */
+export async function heartbeat(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  owner: string,
+  attempt: number,
+  leaseMs: number,
+  signal?: AbortSignal,
+): Promise<HeartbeatResult> {
+  const query = sql<{ cancel_requested: boolean }[]>`
+    update runs
+       set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
+     where tenant_id = ${tenantId} and run_id = ${runId}
+       and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
+    returning cancel_requested_at is not null as cancel_requested`;
+  const rows = await cancelledOnAbort(query, signal);
+  if (rows.length === 0) return "lost";
+  return rows[0].cancel_requested ? "cancel-requested" : "held";
+}
+
+/**
+ * Settles like `query`, or rejects with `signal`'s reason as soon as it
+ * aborts, after asking postgres.js to cancel the query (dropped from the
+ * queue if not sent yet, a cancel request to the server if running).
+ */
+function cancelledOnAbort<T>(
+  query: Promise<T> & { cancel(): unknown },
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  if (!signal) return query;
+  // A postgres.js query is sent on its first then(): one never awaited never runs.
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => {
+      // The cancel's own outcome does not matter: the caller has given up.
+      Promise.resolve(query.cancel()).catch(() => {});
+      reject(signal.reason);
+    };
+    signal.addEventListener("abort", onAbort, { once: true });
+    query.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+  });
+}

@@ -1,0 +1,65 @@
+/**
+ * The run queue, on the `runs` table itself, and the SQL text its statements
+ * share. Workers claim due queued runs with `FOR UPDATE SKIP LOCKED` under a
+ * lease (db/claims.ts), heartbeat it and lose it when it expires
+ * (db/leases.ts), and end the attempt with one guarded statement
+ * (db/attempt_end.ts); the API cancels runs (db/cancellation.ts) and metrics
+ * read the queue's size (db/queue_stats.ts). Every state change appends its
+ * `work_events` row in the same statement (a data-modifying CTE), so the
+ * change and its event commit together, and the event's `seq` is the run's
+ * new `event_seq`, taken under the row lock the update holds.
+ *
+ * Every statement a worker makes about its claim (heartbeat, completion,
+ * failure, release) is fenced by `lease_owner = owner and attempts = attempt
+ * and status = 'running'`: a worker that lost its lease (its run reclaimed,
+ * maybe claimed again by another worker or by this same worker id under a
+ * newer attempt) changes nothing and is told so. The owner alone is not
+ * enough: a worker whose lease expired can re-claim the same run, and a late
+ * or replayed write for attempt 1 would then finish attempt 2. The attempt
+ * number is the fencing token because every claim increments it; the one
+ * exception is `releaseRun`, which gives the attempt back, so the number is
+ * reused by the next claim. A released attempt belongs to a worker that is
+ * shutting down and claims nothing more, and a restarted process has a new
+ * default id, so (owner, attempt) still names one claim in practice.
+ *
+ * Wake-ups: workers `LISTEN` on `QUEUE_CHANNEL` (db/notify.ts); whoever
+ * makes runs due calls `notifyQueued` after its transaction committed.
+ * Runs that become due later (retry backoff) are found by polling.
+ */
+
+/**
+ * The columns of the event insert shared by every transition: `from` is a
+ * CTE returning the updated run's tenant_id, run_id, goal_id, dispatch_key
+ * and new event_seq. Kept as text so each statement stays one round trip
+ * with one plan.
+ */
+export const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at";
+
+/**
+ * Two CTEs for a `with recursive`: `queued_tenants`, the tenants with queued
+ * runs in collation "C" order (a loose index scan of runs_queued_tenant_idx,
+ * one probe per tenant however long its queue, ending with a null row), and
+ * `heads`, each such tenant's oldest due run. Collation "C" is the index's:
+ * no other index can serve the probes (see migrations/003).
+ */
+export const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
+      (select tenant_id collate "C" from runs
+        where status = 'queued'
+        order by tenant_id collate "C" limit 1)
+      union all
+      select (select r.tenant_id collate "C" from runs r
+               where r.status = 'queued' and r.tenant_id collate "C" > t.tenant_id
+               order by r.tenant_id collate "C" limit 1)
+        from queued_tenants t
+       where t.tenant_id is not null
+    ),
+    -- Each such tenant's oldest due run: its place in line.
+    heads as (
+      select t.tenant_id, h.run_after
+        from queued_tenants t
+       cross join lateral (
+             select r.run_after from runs r
+              where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
+                and r.run_after <= now()
+              order by r.run_after limit 1) h
+    )`;

@@ -1,0 +1,35 @@
+/**
+ * The queue's size and the age of its oldest due run, for the workers'
+ * metrics (per tenant, for the console: db/queue_overview.ts).
+ */
+import type { Sql } from "./pool.ts";
+import { QUEUED_TENANTS } from "./queue_sql.ts";
+
+/** The queue at a glance, for metrics. */
+export interface QueueStats {
+  /** Runs waiting and runs being executed (all tenants). */
+  byStatus: { queued: number; running: number };
+  /** Seconds since the oldest due queued run became due; 0 when none is due. */
+  oldestQueuedAgeSeconds: number;
+}
+
+/**
+ * Counts queued and running runs and measures the age of the oldest due
+ * queued run. Each reads a partial index, so the cost follows the live
+ * queue, not the table: finished runs pile up by the million and are counted
+ * by the workers' completion counters instead. A run is running exactly
+ * while it holds a lease (a check constraint says so); the oldest due run is
+ * the oldest of the tenants' heads, one probe per tenant with queued runs.
+ */
+export async function queueStats(sql: Sql): Promise<QueueStats> {
+  const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
+    with recursive ${sql.unsafe(QUEUED_TENANTS)}
+    select (select count(*) from runs where status = 'queued')::int as queued,
+           (select count(*) from runs
+             where status = 'running' and lease_expires_at is not null)::int as running,
+           (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
+  return {
+    byStatus: { queued: r.queued, running: r.running },
+    oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),
+  };
+}
