@@ -16,6 +16,7 @@ import { dispatchTopic, eventsTopic } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { type BenchContext, check, log, q } from "./run_context.ts";
 import { countWhere, createDb, tenantToken, waitHttp } from "./scenario_support.ts";
+import { relayHttpClients } from "./relay_http_clients.ts";
 
 /** The relay section; skipped with a note when no broker answers. */
 export async function relaySection(ctx: BenchContext, admin: Sql): Promise<void> {
@@ -102,6 +103,21 @@ export async function relaySection(ctx: BenchContext, admin: Sql): Promise<void>
       cores: drained.cores,
     });
     log(`relay drain: ${(ctx.cfg.relayDrain / drained.value).toFixed(0)}/s`);
+    // The clients alone next, without the relay's CPU beside them (its peak
+    // RSS so far was sampled by during()); then a relay again for the live run.
+    ctx.stats("relay").sampleRss(relayProc.pid);
+    await relayProc.stop();
+    relayProc = undefined;
+    await relayHttpClients(
+      ctx,
+      sql,
+      `http://127.0.0.1:${port}`,
+      serviceToken,
+      tenant,
+      Math.round(ctx.cfg.relayDrain / 2),
+      ctx.cfg.rounds,
+    );
+    relayProc = startRelay();
 
     // Latency at a fixed 1,000 messages/s: 10 messages every 10 ms, once the
     // outbox has shipped the drain's events (it competes for the same cores).
