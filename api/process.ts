@@ -44,7 +44,7 @@ export async function main(args: string[]): Promise<number> {
   const metrics = createApiMetrics(new client.Registry());
   guardDriverFaults(log, metrics.registry);
   // One NOTIFY after admissions commit wakes both the workers (runs queued)
-  // and the outbox relay (their run.admitted events are pending).
+  // and the outbox publisher (their run.admitted events are pending).
   const waker = new Waker(
     () => notifyChannels(sql, [QUEUE_CHANNEL, OUTBOX_CHANNEL]),
     (err) => log.warn("wake-up failed", { error: err }),

@@ -1,6 +1,6 @@
 /**
  * The wait between two looks for work in a polling loop (the worker's
- * claims, the outbox relay's batches): it lasts the poll interval unless a
+ * claims, the outbox publisher's batches): it lasts the poll interval unless a
  * wake-up (a NOTIFY, a freed slot, a retry falling due) or the stop signal
  * ends it early. A wake-up that arrives while the loop is looking, not
  * sleeping, is kept: the next sleep returns at once, so it is never lost

@@ -7,7 +7,7 @@
  */
 import type { Sql } from "./pool.ts";
 
-/** The channel that says "work_events rows are pending": the outbox relay listens on it. */
+/** The channel that says "work_events rows are pending": the outbox publisher listens on it. */
 export const OUTBOX_CHANNEL = "poimen_outbox";
 
 /** `NOTIFY` each of `channels` (empty payload) in one statement: one round trip, one commit. */

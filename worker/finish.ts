@@ -34,7 +34,7 @@ export interface FinisherOptions {
   resultMaxBytes: number;
   hooks: WorkerHooks;
   log: Logger;
-  /** Called after every finishing write: it appended events (the outbox relay's wake-up). */
+  /** Called after every finishing write: it appended events (the outbox publisher's wake-up). */
   eventsWritten(): void;
   /** A retry this worker wrote falls due at `at`. */
   retryAt(at: Date): void;

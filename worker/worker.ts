@@ -132,7 +132,7 @@ export class Worker implements Service {
     );
     this.#notify = () => waker.poke();
     // Every claim, finish, release and reclaim appends events: wake the
-    // outbox relay after they commit, coalesced like the queue wake-ups.
+    // outbox publisher after they commit, coalesced like the queue wake-ups.
     const eventsWaker = new Waker(
       () => notifyChannels(sql, [OUTBOX_CHANNEL]),
       (err) => this.#log.warn("outbox notify failed", { error: err }),
