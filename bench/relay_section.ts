@@ -103,21 +103,6 @@ export async function relaySection(ctx: BenchContext, admin: Sql): Promise<void>
       cores: drained.cores,
     });
     log(`relay drain: ${(ctx.cfg.relayDrain / drained.value).toFixed(0)}/s`);
-    // The clients alone next, without the relay's CPU beside them (its peak
-    // RSS so far was sampled by during()); then a relay again for the live run.
-    ctx.stats("relay").sampleRss(relayProc.pid);
-    await relayProc.stop();
-    relayProc = undefined;
-    await relayHttpClients(
-      ctx,
-      sql,
-      `http://127.0.0.1:${port}`,
-      serviceToken,
-      tenant,
-      Math.round(ctx.cfg.relayDrain / 2),
-      ctx.cfg.rounds,
-    );
-    relayProc = startRelay();
 
     // Latency at a fixed 1,000 messages/s: 10 messages every 10 ms, once the
     // outbox has shipped the drain's events (it competes for the same cores).
@@ -204,6 +189,20 @@ export async function relaySection(ctx: BenchContext, admin: Sql): Promise<void>
       `relay live: run p99 ${q(toRun, 0.99).toFixed(0)} ms, event p99 ${
         q(toEvent, 0.99).toFixed(0)
       } ms`,
+    );
+    // Last, with the relay stopped so that it takes no CPU beside them: the
+    // clients alone (their admissions' events are left to the outbox).
+    ctx.stats("relay").sampleRss(relayProc.pid);
+    await relayProc.stop();
+    relayProc = undefined;
+    await relayHttpClients(
+      ctx,
+      sql,
+      `http://127.0.0.1:${port}`,
+      serviceToken,
+      tenant,
+      Math.round(ctx.cfg.relayDrain / 2),
+      ctx.cfg.rounds,
     );
   } finally {
     await producer.close().catch(() => {});
