@@ -17,7 +17,8 @@ export interface ErrorKind {
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
  * never reach HTTP (`config`, `bad-result`, `result-too-large`,
- * `lease-expired`) still get a status, so that one type covers all.
+ * `lease-expired`, `kafka-unavailable`, `kafka-refused`) still get a status,
+ * so that one type covers all.
  */
 export const ERRORS = {
   "bad-json": { status: 400, title: "Request body is not valid JSON", retryable: false },
@@ -108,6 +109,16 @@ export class PoimenError extends Error {
     this.errors = options.errors;
     this.extensions = options.extensions;
   }
+}
+
+/**
+ * What `error` wraps: its `cause`, or for an AggregateError its last error
+ * (the Kafka library reports the attempt that failed last that way). One
+ * definition of an error's chain, for the logger and for Kafka's messages.
+ */
+export function nextCause(error: Error): unknown {
+  const nested = (error as { errors?: unknown }).errors;
+  return Array.isArray(nested) && nested.length > 0 ? nested[nested.length - 1] : error.cause;
 }
 
 /** Base of every problem `type` URI; the code is appended. */

@@ -4,6 +4,8 @@
  * queried. Passed in to every part; nothing else writes to the console.
  */
 
+import { nextCause } from "./errors.ts";
+
 export type Level = "debug" | "info" | "warn" | "error";
 export type Fields = Record<string, unknown>;
 
@@ -39,10 +41,7 @@ function serializeError(error: Error, depth: number): Fields {
   const { code, retryable } = error as { code?: unknown; retryable?: unknown };
   if (typeof code === "string" || typeof code === "number") out.code = code;
   if (typeof retryable === "boolean") out.retryable = retryable;
-  const nested = (error as { errors?: unknown }).errors;
-  const cause = Array.isArray(nested) && nested.length > 0
-    ? nested[nested.length - 1]
-    : error.cause;
+  const cause = nextCause(error);
   if (cause !== undefined && depth < MAX_CAUSES) {
     out.cause = cause instanceof Error ? serializeError(cause, depth + 1) : redact(cause);
   }

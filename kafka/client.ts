@@ -11,7 +11,7 @@
  */
 import { Buffer } from "node:buffer";
 import { findErrorBy } from "@platformatic/kafka";
-import { type ErrorCode, PoimenError } from "../core/errors.ts";
+import { type ErrorCode, nextCause, PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
 
@@ -102,10 +102,7 @@ export function kafkaFailure(
 function rootMessage(error: unknown): string {
   let current = error;
   for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
-    const nested = (current as { errors?: unknown[] }).errors;
-    const next = Array.isArray(nested) && nested.length > 0
-      ? nested[nested.length - 1]
-      : current.cause;
+    const next = nextCause(current);
     if (!(next instanceof Error) || !next.message) break;
     current = next;
   }

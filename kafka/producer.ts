@@ -3,10 +3,11 @@
  * every message (acks=all), with the offset each got.
  */
 import { Buffer } from "node:buffer";
-import { findErrorBy, murmur2, Producer, stringSerializer } from "@platformatic/kafka";
+import { murmur2, Producer, stringSerializer } from "@platformatic/kafka";
 import {
   baseOptions,
   identityBuffer,
+  isApiError,
   type KafkaClientOptions,
   kafkaFailure,
   partitionKey,
@@ -55,12 +56,8 @@ const PERMANENT_RECORD_ERRORS = [
  * undefined: the broker being down or busy is not permanent.
  */
 export function permanentRecordError(error: unknown): string | undefined {
-  // Callers may have wrapped the client's error (as a `cause`) on its way up.
-  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth++) {
-    const found = PERMANENT_RECORD_ERRORS.find((id) => findErrorBy(e, "apiId", id) !== null);
-    if (found) return found;
-  }
-  return undefined;
+  // isApiError looks through the causes callers may have wrapped it in.
+  return PERMANENT_RECORD_ERRORS.find((id) => isApiError(error, id));
 }
 
 /**
