@@ -6,7 +6,6 @@
  * follow-up `SELECT`). Idempotency is the unique index's alone: no
  * check-then-insert, no hash of the body; no `dispatch_key`, no dedup.
  */
-import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
 import { delay } from "../core/time.ts";
 import { newRunId } from "../core/uuid.ts";
@@ -19,8 +18,8 @@ import {
   selectRunsByDispatchKey,
 } from "../db/admission.ts";
 import type { RunRow } from "../db/runs.ts";
-import type { WorkflowRegistry } from "../workflows/registry.ts";
-import { formatPath, type RunRequest } from "../contracts/runs.ts";
+import type { RunRequest } from "../contracts/runs.ts";
+import type { AdmissionVersion, WorkflowLookup } from "./catalog.ts";
 import { Batcher } from "../core/batcher.ts";
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
@@ -58,6 +57,8 @@ export interface AdmissionHooks {
 export interface AdmissionOptions {
   maxBatch: number;
   maxConcurrent: number;
+  /** Max attempts of a run whose version registered none (DEFAULT_MAX_ATTEMPTS); 3 by default. */
+  defaultMaxAttempts?: number;
 }
 
 /**
@@ -88,7 +89,8 @@ const FOLLOW_UP_ATTEMPTS = 3;
 const FOLLOW_UP_BACKOFF_MS = 50;
 
 export class Admission {
-  readonly #registry: WorkflowRegistry;
+  readonly #workflows: WorkflowLookup;
+  readonly #defaultMaxAttempts: number;
   readonly #hooks: AdmissionHooks;
   readonly #batcher: Batcher<NewRun, AdmitResult>;
   readonly #sql: Sql;
@@ -96,14 +98,15 @@ export class Admission {
 
   constructor(
     sql: Sql,
-    registry: WorkflowRegistry,
+    workflows: WorkflowLookup,
     opts: AdmissionOptions,
     hooks: AdmissionHooks = {},
     statements: Partial<AdmissionStatements> = {},
   ) {
     this.#sql = sql;
     this.#db = { ...STATEMENTS, ...statements };
-    this.#registry = registry;
+    this.#workflows = workflows;
+    this.#defaultMaxAttempts = opts.defaultMaxAttempts ?? 3;
     this.#hooks = hooks;
     this.#batcher = new Batcher((runs) => this.#flush(runs), {
       maxBatch: opts.maxBatch,
@@ -116,23 +119,11 @@ export class Admission {
   /** Admits one run; resolves with the created run or the one holding its dispatch key. */
   async admit(req: AdmitRequest, ctx: AdmitContext): Promise<AdmitResult> {
     this.#hooks.onCall?.(ctx.entry);
-    const wf = this.#registry.resolve(req.workflow_ref);
-    if (!wf) {
-      throw new PoimenError(
-        "unknown-workflow",
-        `unknown workflow ${JSON.stringify(req.workflow_ref)}; known: ${
-          this.#registry.list().join(", ")
-        }`,
-        { errors: [{ path: "workflow_ref", message: "unknown workflow" }] },
-      );
-    }
-    const parsed = wf.workflow.input.safeParse(req.input);
-    if (!parsed.success) {
+    const wf = this.#workflows.resolve(req.workflow_ref) ?? await this.#resolveUnknown(req);
+    const problems = wf.validate(req.input);
+    if (problems) {
       throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
-        errors: parsed.error.issues.map((i: z.core.$ZodIssue) => ({
-          path: formatPath(["input", ...i.path]),
-          message: i.message,
-        })),
+        errors: problems,
       });
     }
     try {
@@ -147,12 +138,30 @@ export class Admission {
         goal_id: req.goal_id ?? null,
         dispatch_key: req.dispatch_key ?? null,
         source: ctx.source,
-        max_attempts: wf.maxAttempts,
+        max_attempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
         run_after: req.run_after ?? null,
       });
     } catch (err) {
       throw toDbError(err);
     }
+  }
+
+  /**
+   * A ref this process does not know: maybe registered a moment ago, its
+   * NOTIFY still on the way, so look again once before calling it unknown.
+   */
+  async #resolveUnknown(req: AdmitRequest): Promise<AdmissionVersion> {
+    await this.#workflows.refreshUnknown();
+    const wf = this.#workflows.resolve(req.workflow_ref);
+    if (wf) return wf;
+    const known = this.#workflows.list();
+    throw new PoimenError(
+      "unknown-workflow",
+      `unknown workflow ${JSON.stringify(req.workflow_ref)}; registered: ${
+        known.length > 0 ? known.join(", ") : "none (no worker has registered a workflow yet)"
+      }`,
+      { errors: [{ path: "workflow_ref", message: "unknown workflow" }] },
+    );
   }
 
   /**

@@ -28,7 +28,14 @@ export const ApiEnv = z.object({
    * beyond the first only while one has taken over 10 ms (admission/admit.ts).
    */
   ADMISSION_MAX_CONCURRENT: positiveInt(2),
+  /** Max attempts of a run whose workflow version declares none (`maxAttempts` unset). */
   DEFAULT_MAX_ATTEMPTS: positiveInt(3),
+  /**
+   * How often the workflow catalog is read again when no NOTIFY came (a
+   * registration's NOTIFY normally arrives first, and an unknown workflow
+   * reads it at once, at most once a second).
+   */
+  CATALOG_REFRESH_MS: millis(30 * SECOND),
 });
 export type ApiConfig = z.infer<typeof ApiEnv>;
 

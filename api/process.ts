@@ -6,13 +6,13 @@
 import client from "prom-client";
 import { processEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
-import { runProcess } from "../core/process_harness.ts";
+import { named, runProcess } from "../core/process_harness.ts";
 import { createPool } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { WorkflowCatalog } from "../admission/catalog.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
@@ -26,7 +26,9 @@ const COMMAND = {
   synopsis: "",
   description: `
 Serves the HTTP API (POST/GET /v1/runs, /openapi.json, /metrics, /healthz,
-/readyz) and the web console (/console) on HOST:PORT until SIGTERM or SIGINT.`,
+/readyz) and the web console (/console) on HOST:PORT until SIGTERM or SIGINT.
+Validates run input against the workflow catalog the workers register in; it
+loads no workflow code.`,
   env: ApiEnv,
 } satisfies CommandSpec;
 
@@ -49,9 +51,18 @@ export async function main(args: string[]): Promise<number> {
     () => notifyChannels(sql, [QUEUE_CHANNEL, OUTBOX_CHANNEL]),
     (err) => log.warn("wake-up failed", { error: err }),
   );
-  const admission = new Admission(sql, builtinRegistry(config.DEFAULT_MAX_ATTEMPTS), {
+  // What workers registered: the API validates input against it and loads
+  // no workflow code.
+  const catalog = new WorkflowCatalog(sql, {
+    refreshMs: config.CATALOG_REFRESH_MS,
+    listen: () =>
+      createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-api-listen" }),
+    log,
+  });
+  const admission = new Admission(sql, catalog, {
     maxBatch: config.ADMISSION_MAX_BATCH,
     maxConcurrent: config.ADMISSION_MAX_CONCURRENT,
+    defaultMaxAttempts: config.DEFAULT_MAX_ATTEMPTS,
   }, {
     onCreated: () => waker.poke(),
     onCall: (entry) => metrics.admissionCalls.inc({ entry }),
@@ -81,6 +92,7 @@ export async function main(args: string[]): Promise<number> {
   return await runProcess([
     // Closed last, once the requests in flight have finished (their admissions commit).
     { name: "pool", stop: () => sql.end({ timeout: 5 }) },
+    named("workflow catalog", catalog),
     {
       name: "http server",
       start() {

@@ -16,8 +16,9 @@ export interface ErrorKind {
  * Every code poimen reports, in one table. The API's problem bodies, the
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
- * never reach HTTP (`config`, `bad-result`, `result-too-large`,
- * `lease-expired`, `kafka-unavailable`, `kafka-refused`) still get a status,
+ * never reach HTTP (`config`, `workflow-conflict`, `invalid-input`,
+ * `bad-result`, `result-too-large`, `lease-expired`, `kafka-unavailable`,
+ * `kafka-refused`) still get a status,
  * so that one type covers all.
  */
 export const ERRORS = {
@@ -49,6 +50,22 @@ export const ERRORS = {
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
   busy: { status: 503, title: "Server busy", retryable: true },
   config: { status: 500, title: "Invalid configuration", retryable: false },
+  /**
+   * A worker's definition of a `name@version` differs from the one in the
+   * workflow catalog (versions are immutable): it refuses to start, exit 2.
+   * Never HTTP.
+   */
+  "workflow-conflict": {
+    status: 500,
+    title: "Workflow version already registered with another definition",
+    retryable: false,
+  },
+  /**
+   * A run's stored input failed the workflow's full zod schema in the worker
+   * (a refinement or transform the catalog's JSON Schema cannot express): a
+   * run error, never HTTP. Final: the same input fails every attempt.
+   */
+  "invalid-input": { status: 500, title: "Input rejected by the workflow", retryable: false },
   /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
   "bad-result": { status: 500, title: "Workflow result is not JSON", retryable: false },
   /**
@@ -125,6 +142,15 @@ export function nextCause(error: Error): unknown {
 export const PROBLEM_BASE = "https://poimen.dev/problems/";
 
 /** A configuration error: `main.ts` prints its message as one line and exits 2. */
+/**
+ * A refusal to start that a restart cannot fix (a bad variable, a workflow
+ * version registered with another definition): a process exits 2 with its
+ * message as one line.
+ */
+export function isRefusal(err: unknown): err is PoimenError {
+  return err instanceof PoimenError && (err.code === "config" || err.code === "workflow-conflict");
+}
+
 export class ConfigError extends PoimenError {
   constructor(message: string) {
     super("config", message);

@@ -5,7 +5,8 @@
  */
 
 export interface Service {
-  start(): Promise<void>;
+  /** `signal`, when given, is aborted if the stop is asked for while this still starts. */
+  start(signal?: AbortSignal): Promise<void>;
   stop(): Promise<void>;
 }
 

@@ -6,10 +6,14 @@
  * that did not stop. A signal within `REPEATED_SIGNAL_MS` of the first is the
  * same request arriving twice, not a second one: Ctrl-C in a terminal reaches
  * every process of its group, and `deno task` also passes it on to its child. A part that fails to start stops the parts already
- * started, in reverse, and the process exits 1.
+ * started, in reverse, and the process exits 1 — or 2, with the error's
+ * message as one line on stderr, when it refused to start (`isRefusal`: a
+ * configuration a restart cannot fix). A part still starting when the stop
+ * is asked for sees its `start` signal aborted.
  *
  * Exit codes (what `run()` resolves with, and what a forced exit exits with):
  * - 0: stopped gracefully;
+ * - 2: a part refused to start (core/errors.ts `isRefusal`);
  * - 1: a part failed to start, a part's stop failed (the others were still
  *   stopped), or the stop deadline passed;
  * - 128 + the signal's number (130 for SIGINT, 143 for SIGTERM): a second
@@ -17,13 +21,15 @@
  */
 import type { Service } from "./lifecycle.ts";
 import type { Logger } from "./log.ts";
+import { isRefusal } from "./errors.ts";
 import { SECOND } from "./time.ts";
 
 /** One named part of a process. Both steps are optional (a pool has nothing to start). */
 export interface Part {
   /** Named in the log lines about starting and stopping. */
   readonly name: string;
-  start?(): Promise<void>;
+  /** `signal` is aborted when the stop is asked for while this part still starts. */
+  start?(signal: AbortSignal): Promise<void>;
   stop?(): Promise<void>;
 }
 
@@ -74,7 +80,7 @@ export function stopDeadline(gracefulMs: number): number {
 
 /** `service` as a part called `name`. */
 export function named(name: string, service: Service): Part {
-  return { name, start: () => service.start(), stop: () => service.stop() };
+  return { name, start: (signal) => service.start(signal), stop: () => service.stop() };
 }
 
 const SIGNAL_NUMBERS: Partial<Record<Deno.Signal, number>> = { SIGINT: 2, SIGTERM: 15 };
@@ -113,6 +119,7 @@ export class ProcessHarness {
   // Resolved with the code of a forced exit.
   readonly #forced = Promise.withResolvers<number>();
   #stopping = false;
+  readonly #startAbort = new AbortController();
   #isForced = false;
   #deadline: ReturnType<typeof setTimeout> | undefined;
   // What the lifecycle waits for right now, named in the forced exit's line.
@@ -167,7 +174,7 @@ export class ProcessHarness {
         if (this.#stopping) break starting;
         this.#waitingFor = { action: "starting", parts: new Set([part.name]) };
         try {
-          await part.start?.();
+          await part.start?.(this.#startAbort.signal);
         } catch (error) {
           failed = { part: part.name, error };
           break starting;
@@ -176,6 +183,14 @@ export class ProcessHarness {
       }
     }
     this.#waitingFor = undefined;
+    if (failed && isRefusal(failed.error)) {
+      // Not a log line: the one line an operator reads, as for a bad variable.
+      console.error((failed.error as Error).message);
+      this.#stopping = true;
+      this.#beginStop();
+      await this.#stopStarted(started.reverse());
+      return 2;
+    }
     if (failed) {
       this.#log.error("start failed", failed);
       // From here a signal forces the exit, as during any stop.
@@ -230,6 +245,7 @@ export class ProcessHarness {
   }
 
   #beginStop(): void {
+    this.#startAbort.abort();
     if (this.#deadline !== undefined || this.#isForced) return;
     this.#stopAsked.resolve();
     this.#deadline = setTimeout(

@@ -22,7 +22,17 @@ export interface ClaimedRun {
 }
 
 /**
- * Claims up to `limit` due queued runs for `owner`, fairly across tenants:
+ * The workflow versions a worker hosts, as two parallel arrays (one
+ * `unnest` in the claim): it claims runs pinned to these and no others.
+ */
+export interface HostedVersions {
+  names: string[];
+  versions: number[];
+}
+
+/**
+ * Claims up to `limit` due queued runs of the `hosted` versions for `owner`,
+ * fairly across tenants:
  * each becomes `running` with a lease of `leaseMs`, its attempt counted, and
  * a `run.started` event `{attempt, worker}` appended.
  *
@@ -36,8 +46,10 @@ export interface ClaimedRun {
  * its share oldest first, skipping rows other workers hold (`FOR UPDATE SKIP
  * LOCKED`); a tenant with fewer due runs than its share leaves those slots
  * empty until the next claim. One tenant alone gets every slot. The cost is
- * one index probe per tenant with queued runs, one per run in flight and
- * one per claimed run.
+ * one index probe per tenant with queued runs and hosted version, one per
+ * run in flight and one per claimed run. Runs of versions this worker does
+ * not host are never read: they wait, with no attempt spent, for a worker
+ * that hosts them.
  *
  * The claimed rows are updated through `INSERT … ON CONFLICT (tenant_id,
  * run_id) DO UPDATE`, which always conflicts (each row exists and is locked
@@ -51,9 +63,13 @@ export async function claimRuns(
   owner: string,
   limit: number,
   leaseMs: number,
+  hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with recursive ${sql.unsafe(QUEUED_TENANTS)},
+    with recursive versions (name, version) as (
+      select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
+    ),
+    ${sql.unsafe(QUEUED_TENANTS)},
     -- Runs in flight per tenant: the running partial index, as long as the
     -- fleet's concurrency plus the entries of runs that left it since the
     -- last vacuum (a bitmap scan reads those again every time). Materialized,
@@ -86,16 +102,25 @@ export async function claimRuns(
                limit ${limit}) slot
        group by tenant_id
     ),
+    -- Each tenant's share, oldest first across the versions this worker
+    -- hosts: each version's oldest (one index range each), then the oldest of
+    -- those. A row locked here but not among the share is unlocked when the
+    -- statement commits.
     picked as (
       select c.*
         from shares s
        cross join lateral (
-             select r.* from runs r
-              where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
-                and r.run_after <= now()
-              order by r.run_after
-              limit s.share
-              for update skip locked) c
+             select o.* from versions v
+              cross join lateral (
+                    select r.* from runs r
+                     where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
+                       and r.workflow_name = v.name and r.workflow_version = v.version
+                       and r.run_after <= now()
+                     order by r.run_after
+                     limit s.share
+                     for update skip locked) o
+              order by o.run_after
+              limit s.share) c
     ),
     claimed as (
       insert into runs select * from picked

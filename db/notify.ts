@@ -43,3 +43,12 @@ export async function notifyCancel(sql: Sql, tenantId: string, runId: string): P
 export async function notifyQueued(sql: Sql): Promise<void> {
   await sql`select pg_notify(${QUEUE_CHANNEL}, '')`;
 }
+
+/**
+ * The channel that says "workflow versions were registered" (and "a worker
+ * started or stopped hosting some", which changes what queued runs wait
+ * for): APIs listen on it to refresh their catalog. Sent after the
+ * registration committed; APIs also refresh on a timer and on an unknown
+ * workflow, so a lost one only delays.
+ */
+export const CATALOG_CHANNEL = "poimen_catalog";

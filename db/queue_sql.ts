@@ -37,10 +37,13 @@ export const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_ke
 
 /**
  * Two CTEs for a `with recursive`: `queued_tenants`, the tenants with queued
- * runs in collation "C" order (a loose index scan of runs_queued_tenant_idx,
- * one probe per tenant however long its queue, ending with a null row), and
- * `heads`, each such tenant's oldest due run. Collation "C" is the index's:
- * no other index can serve the probes (see migrations/003).
+ * runs in collation "C" order (a loose index scan of
+ * runs_queued_workflow_idx's leading column, one probe per tenant however
+ * long its queue, ending with a null row), and `heads`, each such tenant's
+ * oldest due run among the workflow versions in a CTE `versions (name,
+ * version)` that the statement defines before these: one probe per tenant
+ * and version, each the head of one index range (migration 008). Collation
+ * "C" is the index's: no other index can serve the probes (see migrations/003).
  */
 export const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
       (select tenant_id collate "C" from runs
@@ -53,13 +56,23 @@ export const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
         from queued_tenants t
        where t.tenant_id is not null
     ),
-    -- Each such tenant's oldest due run: its place in line.
+    -- Each such tenant's oldest due run of those versions: its place in line.
     heads as (
       select t.tenant_id, h.run_after
         from queued_tenants t
        cross join lateral (
-             select r.run_after from runs r
-              where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
-                and r.run_after <= now()
-              order by r.run_after limit 1) h
+             select min(o.run_after) as run_after
+               from versions v
+              cross join lateral (
+                    select r.run_after from runs r
+                     where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
+                       and r.workflow_name = v.name and r.workflow_version = v.version
+                       and r.run_after <= now()
+                     order by r.run_after limit 1) o) h
+       where h.run_after is not null
+    )`;
+
+/** `versions (name, version)` for QUEUED_TENANTS: every version in the catalog. */
+export const CATALOG_VERSIONS = `versions (name, version) as (
+      select name, version from workflow_versions
     )`;

@@ -3,7 +3,7 @@
  * metrics (per tenant, for the console: db/queue_overview.ts).
  */
 import type { Sql } from "./pool.ts";
-import { QUEUED_TENANTS } from "./queue_sql.ts";
+import { CATALOG_VERSIONS, QUEUED_TENANTS } from "./queue_sql.ts";
 
 /** The queue at a glance, for metrics. */
 export interface QueueStats {
@@ -23,7 +23,7 @@ export interface QueueStats {
  */
 export async function queueStats(sql: Sql): Promise<QueueStats> {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
-    with recursive ${sql.unsafe(QUEUED_TENANTS)}
+    with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
     select (select count(*) from runs where status = 'queued')::int as queued,
            (select count(*) from runs
              where status = 'running' and lease_expires_at is not null)::int as running,

@@ -9,7 +9,7 @@ import { Admission, type AdmissionStatements, type AdmitResult } from "../admiss
 import { type AdmittedRow, insertRuns, selectRunsByDispatchKey } from "../db/admission.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { freshDatabase } from "./support/db.ts";
 
 const CTX = (tenantId: string) => ({ tenantId, source: "test", entry: "http" as const });
@@ -64,7 +64,7 @@ Deno.test("admission: a follow-up select that fails once after the insert commit
   const tenant = "adm-flaky-1";
   try {
     await insertTenant(db.sql, tenant);
-    const plain = new Admission(db.sql, builtinRegistry(), { maxBatch: 10, maxConcurrent: 1 });
+    const plain = new Admission(db.sql, catalogOf(), { maxBatch: 10, maxConcurrent: 1 });
     const original = await plain.admit(
       { workflow_ref: "echo", input: { i: 0 }, dispatch_key: "k1" },
       CTX(tenant),
@@ -73,7 +73,7 @@ Deno.test("admission: a follow-up select that fails once after the insert commit
     const { calls, statements } = flakyStatements(1);
     const admission = new Admission(
       db.sql,
-      builtinRegistry(),
+      catalogOf(),
       {
         maxBatch: 10,
         maxConcurrent: 1,
@@ -117,13 +117,13 @@ Deno.test("admission: when the follow-up select keeps failing, only the keys it 
   const tenant = "adm-flaky-2";
   try {
     await insertTenant(db.sql, tenant);
-    const plain = new Admission(db.sql, builtinRegistry(), { maxBatch: 10, maxConcurrent: 1 });
+    const plain = new Admission(db.sql, catalogOf(), { maxBatch: 10, maxConcurrent: 1 });
     await plain.admit({ workflow_ref: "echo", input: {}, dispatch_key: "k1" }, CTX(tenant));
 
     const { calls, statements } = flakyStatements(Infinity);
     const admission = new Admission(
       db.sql,
-      builtinRegistry(),
+      catalogOf(),
       {
         maxBatch: 10,
         maxConcurrent: 1,

@@ -9,7 +9,7 @@ import client from "prom-client";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 import { silentLogger } from "../core/log.ts";
 import { Admission } from "../admission/admit.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
@@ -33,7 +33,7 @@ async function world(): Promise<World> {
   const sql = db.sql;
   const app = createApp({
     sql,
-    admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 2 }),
+    admission: new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 2 }),
     auth: new Authenticator(sql, 30_000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,

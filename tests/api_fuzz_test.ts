@@ -17,7 +17,7 @@ import { freshDatabase, type TestDatabase } from "./support/db.ts";
 import { silentLogger } from "../core/log.ts";
 import { ERRORS, PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
@@ -41,7 +41,7 @@ async function setUp() {
   sql = db.sql;
   app = createApp({
     sql,
-    admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
+    admission: new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 4 }),
     auth: new Authenticator(sql, 30_000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,

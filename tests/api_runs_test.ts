@@ -10,7 +10,7 @@ import { sampleValue } from "./support/processes.ts";
 import { silentLogger } from "../core/log.ts";
 import { type ErrorCode, ERRORS, PROBLEM_BASE } from "../core/errors.ts";
 import { Admission } from "../admission/admit.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { type AppDeps, createApp } from "../api/app.ts";
 import { BodyBudget } from "../api/body_budget.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
@@ -31,7 +31,7 @@ const consoleAssets = await loadConsoleAssets();
 function makeApp(bodyLimit: number, bodyBudget?: AppDeps["bodyBudget"]) {
   return createApp({
     sql,
-    admission: new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 }),
+    admission: new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 4 }),
     auth: new Authenticator(sql, 30_000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
@@ -615,7 +615,7 @@ CASES.push(["a database outage is a 503 with Retry-After", async (_t) => {
   });
   const deadApp = createApp({
     sql: dead,
-    admission: new Admission(dead, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 }),
+    admission: new Admission(dead, catalogOf(), { maxBatch: 8, maxConcurrent: 1 }),
     auth: new Authenticator(dead, 1000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,

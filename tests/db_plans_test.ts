@@ -14,6 +14,7 @@
  * prepared and explained with a generic and with a custom plan, on an empty
  * table, at 1,000 runs, at 50,000 runs never analyzed, and after ANALYZE.
  */
+import { BUILTIN_HOSTED } from "./support/catalog.ts";
 import assert from "node:assert/strict";
 import postgres from "postgres";
 import type { Sql } from "../db/pool.ts";
@@ -104,7 +105,7 @@ function hotStatements(s: Sample): HotStatement[] {
     },
     {
       name: "queue: claimRuns",
-      call: (sql) => claimRuns(sql, "plan-test", 16, lease),
+      call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
       indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
     },
     {

@@ -8,7 +8,7 @@ import { Admission } from "../admission/admit.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { claimRuns } from "../db/claims.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { BUILTIN_HOSTED, catalogOf } from "./support/catalog.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { PoimenProcess } from "./support/processes.ts";
 
@@ -36,7 +36,7 @@ async function backlog(
 /** Admits one run for `tenant` the way the API does; returns its id. */
 async function admitOne(sql: Sql, tenant: string, input: unknown = { hello: tenant }) {
   await insertTenant(sql, tenant);
-  const admission = new Admission(sql, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 });
+  const admission = new Admission(sql, catalogOf(), { maxBatch: 8, maxConcurrent: 1 });
   const { run } = await admission.admit({ workflow_ref: "echo", input }, {
     tenantId: tenant,
     source: "test",
@@ -64,7 +64,7 @@ Deno.test("fairness: with 20,000 runs of tenant A queued, tenant B's new run is 
   await withDb(async (db) => {
     await backlog(db.sql, "a", 20_000);
     const b = await admitOne(db.sql, "b");
-    const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS);
+    const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(claimed.length, 3, "A's share is 2 of the 4 slots, B has 1 run for its 2");
     assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 2, b: 1 });
     assert.ok(claimed.some((r) => r.run_id === b), "B's run is claimed");
@@ -85,7 +85,7 @@ Deno.test("fairness: tenants share a claim as evenly as it divides, the longest-
     await backlog(db.sql, "a", 100, 300); // waiting longest
     await backlog(db.sql, "b", 100, 200);
     await backlog(db.sql, "c", 100, 100);
-    const claimed = await claimRuns(db.sql, "w1", 8, LEASE_MS);
+    const claimed = await claimRuns(db.sql, "w1", 8, LEASE_MS, BUILTIN_HOSTED);
     assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 3, b: 3, c: 2 });
   });
 });
@@ -94,11 +94,11 @@ Deno.test("fairness: slots go to the tenants with the fewest runs in flight", as
   await withDb(async (db) => {
     await backlog(db.sql, "a", 100, 300);
     await backlog(db.sql, "b", 100, 200);
-    await claimRuns(db.sql, "w1", 3, LEASE_MS); // a: 2 running, b: 1
+    await claimRuns(db.sql, "w1", 3, LEASE_MS, BUILTIN_HOSTED); // a: 2 running, b: 1
     await backlog(db.sql, "c", 100, 100);
     // Each slot raises the lowest count: c 0→1, then b 1→2 and c 1→2 (b
     // waited longer), then a 2→3 (longest waiting among a, b and c at 2).
-    const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS);
+    const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS, BUILTIN_HOSTED);
     assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 1, b: 1, c: 2 });
   });
 });
@@ -110,7 +110,7 @@ Deno.test("fairness: with more tenants than slots, each claim serves the tenants
     }
     const rounds: string[][] = [];
     for (let i = 0; i < 3; i++) {
-      rounds.push((await claimRuns(db.sql, "w1", 2, LEASE_MS)).map((r) => r.tenant_id).sort());
+      rounds.push((await claimRuns(db.sql, "w1", 2, LEASE_MS, BUILTIN_HOSTED)).map((r) => r.tenant_id).sort());
     }
     assert.deepEqual(rounds, [["a", "b"], ["c", "d"], ["e", "f"]]);
   });
@@ -121,7 +121,7 @@ Deno.test("fairness: one tenant alone fills the claim with its oldest due runs, 
     await backlog(db.sql, "a", 50);
     await db.sql`update runs set run_after = now() + interval '1 hour'
                   where run_id in (select run_id from runs order by run_after limit 5)`;
-    const claimed = await claimRuns(db.sql, "w1", 16, LEASE_MS);
+    const claimed = await claimRuns(db.sql, "w1", 16, LEASE_MS, BUILTIN_HOSTED);
     const expected = await db.sql<{ run_id: string }[]>`
       select run_id from runs
        where run_after <= now() order by run_after limit 16`;
@@ -139,9 +139,9 @@ Deno.test("fairness: a claim skips the runs another claim holds, and both fill t
     let inner: string[] = [];
     const rollback = new Error("rollback");
     await db.sql.begin(async (tx) => {
-      const held = await claimRuns(tx as unknown as Sql, "w1", 8, LEASE_MS);
+      const held = await claimRuns(tx as unknown as Sql, "w1", 8, LEASE_MS, BUILTIN_HOSTED);
       // While the first claim's transaction holds its rows locked:
-      inner = (await claimRuns(db.sql, "w2", 8, LEASE_MS)).map((r) => r.run_id);
+      inner = (await claimRuns(db.sql, "w2", 8, LEASE_MS, BUILTIN_HOSTED)).map((r) => r.run_id);
       assert.equal(held.length, 8);
       assert.equal(inner.length, 8);
       const overlap = held.filter((r) => inner.includes(r.run_id));

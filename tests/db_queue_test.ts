@@ -13,7 +13,7 @@ import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attemp
 import { requestCancel } from "../db/cancellation.ts";
 import { claimRuns } from "../db/claims.ts";
 import { heartbeat, reclaimExpired } from "../db/leases.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { BUILTIN_HOSTED, catalogOf } from "./support/catalog.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 
 const TENANT = "acme";
@@ -23,7 +23,7 @@ const LEASE_MS = 30_000;
 async function setup(): Promise<{ db: TestDatabase; runId: string }> {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
-  const admission = new Admission(db.sql, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 });
+  const admission = new Admission(db.sql, catalogOf(), { maxBatch: 8, maxConcurrent: 1 });
   const { run } = await admission.admit({ workflow_ref: "echo", input: { n: 1 } }, {
     tenantId: TENANT,
     source: "test",
@@ -55,14 +55,14 @@ async function eventTypes(sql: Sql, runId: string): Promise<string[]> {
 
 /** Attempt 1 claimed with a lease that ends at once, reclaimed, then claimed again by the same id. */
 async function reclaimedAndClaimedAgain(sql: Sql, runId: string): Promise<void> {
-  const [first] = await claimRuns(sql, OWNER, 1, 1);
+  const [first] = await claimRuns(sql, OWNER, 1, 1, BUILTIN_HOSTED);
   assert.equal(first.run_id, runId);
   assert.equal(first.attempts, 1);
   await waitFor("the lease expired and was reclaimed", async () => {
     const r = await reclaimExpired(sql, 10);
     return r.length > 0;
   }, 10_000);
-  const [second] = await claimRuns(sql, OWNER, 1, LEASE_MS);
+  const [second] = await claimRuns(sql, OWNER, 1, LEASE_MS, BUILTIN_HOSTED);
   assert.equal(second.run_id, runId);
   assert.equal(second.attempts, 2);
 }
@@ -97,14 +97,14 @@ Deno.test("queue fencing: attempt 1's completion replayed after the same worker 
 Deno.test("queue fencing: a failAttempt retried after its reply was lost does not fail the next attempt", async () => {
   const { db, runId } = await setup();
   try {
-    const [first] = await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    const [first] = await claimRuns(db.sql, OWNER, 1, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(first.attempts, 1);
     const error = { message: "boom" };
     // The first send commits; its reply is lost, so the worker will send it again.
     const done = await failAttempt(db.sql, TENANT, runId, OWNER, 1, error, 0);
     assert.equal(done?.status, "queued");
     // Meanwhile the same worker claims the retry.
-    const [second] = await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    const [second] = await claimRuns(db.sql, OWNER, 1, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(second.attempts, 2);
     const before = await runRow(db.sql, runId);
     const replay = await failAttempt(db.sql, TENANT, runId, OWNER, 1, error, 0);
@@ -168,7 +168,7 @@ Deno.test("queue cancel: a queued run is cancelled at once with a run.cancelled 
     assert.equal(await requestCancel(db.sql, TENANT, runId), undefined);
     assert.deepEqual(await eventTypes(db.sql, runId), ["run.admitted", "run.cancelled"]);
     // Never claimed.
-    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS, BUILTIN_HOSTED)).length, 0);
   } finally {
     await db.drop();
   }
@@ -180,7 +180,7 @@ Deno.test("queue cancel: another tenant's run and a finished run are left as the
     await insertTenant(db.sql, "other");
     assert.equal(await requestCancel(db.sql, "other", runId), undefined);
     assert.equal((await cancelState(db.sql, runId)).status, "queued");
-    await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    await claimRuns(db.sql, OWNER, 1, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(await completeRun(db.sql, TENANT, runId, OWNER, 1, "done"), true);
     assert.equal(await requestCancel(db.sql, TENANT, runId), undefined);
     const after = await cancelState(db.sql, runId);
@@ -225,7 +225,7 @@ Deno.test("queue cancel: a running run's heartbeat reports the request; its atte
        where tenant_id = ${TENANT} and run_id = ${runId} and type = 'run.cancelled'`;
     assert.equal(ev.payload.attempt, 2);
     assert.ok(ev.payload.requested_at);
-    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS, BUILTIN_HOSTED)).length, 0);
   } finally {
     await db.drop();
   }
@@ -234,7 +234,7 @@ Deno.test("queue cancel: a running run's heartbeat reports the request; its atte
 Deno.test("queue cancel: a cancel-requested run whose lease expired is cancelled, not requeued", async () => {
   const { db, runId } = await setup();
   try {
-    const [claimed] = await claimRuns(db.sql, OWNER, 1, 1);
+    const [claimed] = await claimRuns(db.sql, OWNER, 1, 1, BUILTIN_HOSTED);
     assert.equal(claimed.run_id, runId);
     await requestCancel(db.sql, TENANT, runId);
     const reclaimed = await waitFor("the lease expired and was reclaimed", async () => {
@@ -248,7 +248,7 @@ Deno.test("queue cancel: a cancel-requested run whose lease expired is cancelled
       "run.started",
       "run.cancelled",
     ]);
-    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS)).length, 0);
+    assert.equal((await claimRuns(db.sql, OWNER, 10, LEASE_MS, BUILTIN_HOSTED)).length, 0);
   } finally {
     await db.drop();
   }
@@ -257,7 +257,7 @@ Deno.test("queue cancel: a cancel-requested run whose lease expired is cancelled
 Deno.test("queue cancel: a cancel-requested run released on shutdown is cancelled, not requeued", async () => {
   const { db, runId } = await setup();
   try {
-    await claimRuns(db.sql, OWNER, 1, LEASE_MS);
+    await claimRuns(db.sql, OWNER, 1, LEASE_MS, BUILTIN_HOSTED);
     await requestCancel(db.sql, TENANT, runId);
     assert.equal(await releaseRun(db.sql, TENANT, runId, OWNER, 1, "worker shutdown"), "cancelled");
     const row = await runRow(db.sql, runId);
@@ -276,7 +276,7 @@ Deno.test("queue cancel: a cancel-requested run released on shutdown is cancelle
 Deno.test("completeRuns() writes the batch's live attempts in one statement and refuses the others", async () => {
   const { db, runId } = await setup();
   try {
-    const admission = new Admission(db.sql, builtinRegistry(), { maxBatch: 8, maxConcurrent: 1 });
+    const admission = new Admission(db.sql, catalogOf(), { maxBatch: 8, maxConcurrent: 1 });
     const more = [];
     for (let n = 2; n <= 4; n++) {
       const { run } = await admission.admit({ workflow_ref: "echo", input: { n } }, {
@@ -286,12 +286,12 @@ Deno.test("completeRuns() writes the batch's live attempts in one statement and 
       });
       more.push(run.run_id);
     }
-    const claimed = await claimRuns(db.sql, OWNER, 4, LEASE_MS);
+    const claimed = await claimRuns(db.sql, OWNER, 4, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(claimed.length, 4);
     const [a, b, c] = more;
     // Run c is another worker's now: released by this one, claimed by "w-other".
     await releaseRun(db.sql, TENANT, c, OWNER, 1, "test");
-    const [other] = await claimRuns(db.sql, "w-other", 1, LEASE_MS);
+    const [other] = await claimRuns(db.sql, "w-other", 1, LEASE_MS, BUILTIN_HOSTED);
     assert.equal(other.run_id, c);
     const written = await completeRuns(db.sql, OWNER, [
       { tenant_id: TENANT, run_id: runId, attempt: 1, result_json: '{"n": 1}' },

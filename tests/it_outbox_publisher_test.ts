@@ -10,7 +10,7 @@ import assert from "node:assert/strict";
 import { assertNotLogged } from "./support/logs.ts";
 import { startBroker } from "../dev/kafka.ts";
 import { Admission } from "../admission/admit.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
@@ -65,7 +65,7 @@ async function admitRuns(
   n: number,
   extra: (i: number) => { goal_id?: string; dispatch_key?: string } = () => ({}),
 ): Promise<string[]> {
-  const admission = new Admission(sql, builtinRegistry(), { maxBatch: 64, maxConcurrent: 4 });
+  const admission = new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 4 });
   const results = await Promise.all(
     Array.from({ length: n }, (_, i) =>
       admission.admit(

@@ -8,7 +8,7 @@ import { REPEATED_SIGNAL_MS } from "../core/process_harness.ts";
 import { Admission } from "../admission/admit.ts";
 import { insertTenant } from "../db/auth.ts";
 import { MINUTE, SECOND } from "../core/time.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { PoimenProcess } from "./support/processes.ts";
 
@@ -27,7 +27,7 @@ function logged(proc: PoimenProcess, msg: string): Record<string, unknown>[] {
 Deno.test("process stop: a second SIGTERM ends a worker that waits for its run in flight", async () => {
   const db = await freshDatabase();
   await insertTenant(db.sql, "t");
-  const admission = new Admission(db.sql, builtinRegistry(), { maxBatch: 1, maxConcurrent: 1 });
+  const admission = new Admission(db.sql, catalogOf(), { maxBatch: 1, maxConcurrent: 1 });
   // Longer than the test: only a forced exit ends the graceful wait for it.
   const { run } = await admission.admit({ workflow_ref: "sleep", input: { ms: 10 * MINUTE } }, {
     tenantId: "t",

@@ -11,8 +11,12 @@ import { createPool, type Sql } from "../db/pool.ts";
 import { claimRuns } from "../db/claims.ts";
 import type { ReclaimedRun } from "../db/leases.ts";
 import { queueStats } from "../db/queue_stats.ts";
+import { BUILTIN_HOSTED, catalogOf } from "./support/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
-import type { WorkflowRegistry } from "../workflows/registry.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { defineWorkflow } from "../workflows/define.ts";
+import { isHosted } from "../db/catalog.ts";
+import { isRefusal, type PoimenError } from "../core/errors.ts";
 import {
   type AttemptOutcome,
   type FencedStatement,
@@ -38,7 +42,7 @@ async function setup(
 ): Promise<{ db: TestDatabase; admit: (ref: string, input: unknown) => Promise<string> }> {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
-  const admission = new Admission(db.sql, admissionRegistry, { maxBatch: 64, maxConcurrent: 4 });
+  const admission = new Admission(db.sql, catalogOf(admissionRegistry), { maxBatch: 64, maxConcurrent: 4 });
   const admit = async (workflow_ref: string, input: unknown) => {
     const { run } = await admission.admit({ workflow_ref, input }, {
       tenantId: TENANT,
@@ -311,7 +315,7 @@ Deno.test("worker: its reclaimer returns a run whose lease expired to the queue 
   try {
     const runId = await admit("echo", 1);
     // Claimed by a worker that then vanished: its 1 ms lease runs out at once.
-    const [claimed] = await claimRuns(db.sql, "vanished", 1, 1);
+    const [claimed] = await claimRuns(db.sql, "vanished", 1, 1, BUILTIN_HOSTED);
     assert.equal(claimed.run_id, runId);
     await reclaimer.start();
     const row = await waitFor("run queued again", statusIs(db.sql, runId, "queued"), 10_000);
@@ -383,22 +387,111 @@ Deno.test("worker: a run that fails fewer times than max_attempts succeeds on a 
   }
 });
 
-Deno.test("worker: a run whose pinned workflow version it lacks fails with a clear error", async () => {
-  const newer = builtinRegistry().register({
+Deno.test("worker: a run pinned to a version no running worker hosts stays queued with no attempt while other runs are executed, and starts once a worker hosting it comes up", async () => {
+  const v2 = defineWorkflow({
     name: "echo",
     version: 2,
-    maxAttempts: 1,
-    input: builtinRegistry().resolve("echo@1")!.workflow.input,
+    input: z.object({ x: z.number() }),
+    handler: (input) => Promise.resolve({ v2: input }),
+  });
+  const { db, admit } = await setup(builtinRegistry().register(v2));
+  const v1Worker = worker(db.sql);
+  let v2Worker: Worker | undefined;
+  try {
+    await v1Worker.start();
+    const waiting = await admit("echo@2", { x: 1 });
+    const other = await admit("echo@1", { y: 2 });
+    await waitFor("the v1 run", statusIs(db.sql, other, "succeeded"), 10_000);
+    // Later runs of v1 pass it by; it is never claimed.
+    for (let i = 0; i < 5; i++) {
+      const r = await admit("echo@1", { i });
+      await waitFor(`v1 run ${i}`, statusIs(db.sql, r, "succeeded"), 10_000);
+    }
+    const [queued] = await db.sql<{ status: string; attempts: number }[]>`
+      select status, attempts from runs where run_id = ${waiting}`;
+    assert.deepEqual({ ...queued }, { status: "queued", attempts: 0 });
+    assert.deepEqual(await isHosted(db.sql, "echo", 2), false);
+    assert.deepEqual(await isHosted(db.sql, "echo", 1), true);
+
+    v2Worker = worker(db.sql, {}, new WorkflowRegistry([v2]));
+    await v2Worker.start();
+    const row = await waitFor("the v2 run", statusIs(db.sql, waiting, "succeeded"), 10_000);
+    assert.deepEqual(row.result, { v2: { x: 1 } });
+    assert.equal(row.attempts, 1);
+  } finally {
+    await v1Worker.stop();
+    await v2Worker?.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: a second worker with another definition of a registered name@version refuses to start with a workflow-conflict error naming it", async () => {
+  const { db } = await setup();
+  const first = worker(db.sql);
+  const changed = new WorkflowRegistry([
+    defineWorkflow({
+      name: "sleep",
+      version: 1,
+      input: z.object({ ms: z.number(), extra: z.string() }),
+      handler: () => Promise.resolve(null),
+    }),
+  ]);
+  const second = worker(db.sql, {}, changed);
+  try {
+    await first.start();
+    await assert.rejects(second.start(), (err: unknown) => {
+      assert.ok(isRefusal(err));
+      assert.equal((err as PoimenError).code, "workflow-conflict");
+      assert.match((err as Error).message, /workflow sleep@1 is already registered/);
+      return true;
+    });
+    const hosts = await db.sql<{ worker_id: string }[]>`select worker_id from workflow_workers`;
+    assert.deepEqual(hosts.map((h) => h.worker_id), [first.id]);
+  } finally {
+    await second.stop();
+    await first.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: the same definition registered again (another worker, a restart) is accepted, and a stopped worker no longer counts as hosting", async () => {
+  const { db } = await setup();
+  const a = worker(db.sql);
+  const b = worker(db.sql);
+  try {
+    await a.start();
+    await b.start();
+    const [{ n }] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from workflow_versions where name = 'echo'`;
+    assert.equal(n, 1);
+    await a.stop();
+    await b.stop();
+    assert.equal(await isHosted(db.sql, "echo", 1), false);
+  } finally {
+    await a.stop();
+    await b.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: input the catalog's JSON Schema admits but the full zod schema refuses ends the run failed with invalid-input, on its first attempt", async () => {
+  const even = defineWorkflow({
+    name: "even",
+    version: 1,
+    maxAttempts: 5,
+    input: z.object({ n: z.number().refine((n) => n % 2 === 0, "must be even") }),
     handler: (input) => Promise.resolve(input),
   });
-  const { db, admit } = await setup(newer);
-  const w = worker(db.sql);
+  const registry = builtinRegistry().register(even);
+  const { db, admit } = await setup(registry);
+  const w = worker(db.sql, {}, registry);
   try {
     await w.start();
-    const runId = await admit("echo@2", { x: 1 });
+    const runId = await admit("even@1", { n: 3 });
     const row = await waitFor("run failed", statusIs(db.sql, runId, "failed"), 10_000);
-    assert.equal(row.error?.code, "unknown-workflow");
-    assert.match(String(row.error?.message), /echo@2 is not registered/);
+    assert.equal(row.attempts, 1);
+    assert.equal(row.error?.code, "invalid-input");
+    assert.match(JSON.stringify(row.error), /must be even/);
   } finally {
     await w.stop();
     await db.drop();

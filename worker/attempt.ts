@@ -86,7 +86,8 @@ export async function runHandler(
   const ref = `${run.workflow_name}@${run.workflow_version}`;
   const wf = registry.resolve(ref);
   if (!wf) {
-    // Not final: in a rolling deploy another worker may know this version.
+    // Claims take only hosted versions, so this is a bug; not final: a
+    // worker hosting the version may run it.
     return {
       ok: false,
       final: false,
@@ -98,14 +99,16 @@ export async function runHandler(
       ),
     };
   }
-  const parsed = wf.workflow.input.safeParse(run.input);
+  const parsed = wf.input.safeParse(run.input);
   if (!parsed.success) {
-    // Final: the stored input will never validate against this version.
+    // Final: the stored input will never validate against this version. The
+    // API checked it against the catalog's JSON Schema; what that cannot say
+    // (refinements, transforms) is checked here, with the full zod schema.
     return {
       ok: false,
       final: true,
-      error: attemptError("validation", `input does not match ${ref}`, {
-        issues: parsed.error.issues.map((i) => ({
+      error: attemptError("invalid-input", `input does not match ${ref}`, {
+        issues: parsed.error.issues.map((i: { path: PropertyKey[]; message: string }) => ({
           path: i.path.map(String).join("."),
           message: i.message,
         })),
@@ -113,7 +116,7 @@ export async function runHandler(
     };
   }
   try {
-    const result = await wf.workflow.handler(parsed.data, {
+    const result = await wf.handler(parsed.data, {
       tenantId: run.tenant_id,
       runId: run.run_id,
       attempt: run.attempts,

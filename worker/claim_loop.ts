@@ -14,7 +14,7 @@ import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
 import type { WakeableSleep } from "../core/wakeable_sleep.ts";
 import type { Sql } from "../db/pool.ts";
-import { type ClaimedRun, claimRuns } from "../db/claims.ts";
+import { type ClaimedRun, claimRuns, type HostedVersions } from "../db/claims.ts";
 
 /** What the claim loop needs of its worker. */
 export interface ClaimLoopContext {
@@ -24,6 +24,8 @@ export interface ClaimLoopContext {
   concurrency: number;
   leaseMs: number;
   pollMs: number;
+  /** The versions the worker hosts: it claims runs of these only. */
+  hosted: HostedVersions;
   log: Logger;
   /** The wait between claims; the worker wakes it. */
   sleep: WakeableSleep;
@@ -67,7 +69,7 @@ export async function claimLoop(ctx: ClaimLoopContext): Promise<void> {
       const claimedAt = Date.now();
       let claimed: ClaimedRun[];
       try {
-        claimed = await claimRuns(ctx.sql, owner, free, leaseMs);
+        claimed = await claimRuns(ctx.sql, owner, free, leaseMs, ctx.hosted);
         failures = 0;
       } catch (err) {
         failures++;

@@ -1,31 +1,34 @@
 /**
- * `main.ts worker`: the executor process. Reads its configuration, opens the
- * pool, runs a `Worker` and its `/metrics`, `/healthz` and `/readyz` endpoint
- * (WORKER_METRICS_PORT) until SIGTERM/SIGINT, then stops gracefully and
- * closes the pool (core/process_harness.ts: a second signal forces the exit).
+ * `main.ts worker`: the stock worker process (worker/run_worker.ts). It hosts
+ * the built-in workflows (workflows/builtin.ts), or, with `--workflows
+ * <module>`, the workflows a team's module exports, for teams that want no
+ * process file of their own.
  */
-import client from "prom-client";
-import { processEnv } from "../core/config.ts";
-import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
-import { createLogger } from "../core/log.ts";
-import { metricsPart } from "../core/metrics_server.ts";
-import { abortable } from "../core/health.ts";
-import { createPool, ping } from "../db/pool.ts";
-import { guardDriverFaults } from "../db/driver_guard.ts";
-import { queueStats } from "../db/queue_stats.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { ConfigError } from "../core/errors.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
-import { defaultWorkerId, readWorkerConfig, workerEnvSchema } from "./config.ts";
-import { createWorkerMetrics } from "./metrics.ts";
-import { Worker } from "./worker.ts";
+import { isWorkflow, type Workflow } from "../workflows/define.ts";
+import { echo, fail, sleep } from "../workflows/builtin.ts";
+import { workerEnvSchema } from "./config.ts";
+import { runWorker } from "./run_worker.ts";
 
 const COMMAND = {
   name: "worker",
-  synopsis: "",
+  synopsis: "[--workflows <module>]",
   description: `
 Claims queued runs and executes them, WORKER_CONCURRENCY at a time, until
 SIGTERM or SIGINT; serves /metrics, /healthz and /readyz on
-WORKER_METRICS_HOST:WORKER_METRICS_PORT.`,
+WORKER_METRICS_HOST:WORKER_METRICS_PORT. Hosts the built-in workflows (echo,
+sleep, fail), or with --workflows the workflows a module exports (each
+export made by defineWorkflow, or an array of them). Loading a module needs
+read access to it: deno task worker grants --allow-read; handlers get the
+task's permissions (net, env, read, sys=hostname).`,
+  flags: {
+    workflows: {
+      type: "string",
+      valueName: "module",
+      description: "host the workflows this module exports instead of the built-ins",
+    },
+  },
   env: workerEnvSchema,
 } satisfies CommandSpec;
 
@@ -33,47 +36,40 @@ WORKER_METRICS_HOST:WORKER_METRICS_PORT.`,
 export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
-  const cfg = readWorkerConfig(processEnv());
-  const id = cfg.WORKER_ID ?? defaultWorkerId();
-  const log = createLogger("worker", cfg.LOG_LEVEL);
-  const sql = createPool({
-    url: cfg.DATABASE_URL,
-    max: cfg.DATABASE_POOL_SIZE,
-    applicationName: `poimen-worker ${id}`.slice(0, 63),
-  });
-  const registry = new client.Registry();
-  guardDriverFaults(log, registry);
-  const metrics = createWorkerMetrics(
-    registry,
-    () => queueStats(sql),
-    // Only called at scrape time, after `worker` exists.
-    () => worker.inFlight,
-    log,
-  );
-  const worker = new Worker(sql, builtinRegistry(), {
-    id,
-    concurrency: cfg.WORKER_CONCURRENCY,
-    leaseMs: cfg.WORKER_LEASE_MS,
-    pollMs: cfg.WORKER_POLL_MS,
-    retryBaseMs: cfg.WORKER_RETRY_BASE_MS,
-    shutdownMs: cfg.WORKER_SHUTDOWN_MS,
-    resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
-    log,
-    hooks: metrics.hooks,
-    listener: () =>
-      createPool({
-        url: cfg.DATABASE_URL,
-        max: 1,
-        applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
-      }),
-  });
-  return await runProcess([
-    // Closed last: everything above uses it.
-    { name: "pool", stop: () => sql.end({ timeout: 5 }) },
-    // Served first: readiness must be askable while Postgres is still away.
-    metricsPart(registry, cfg.WORKER_METRICS_HOST, cfg.WORKER_METRICS_PORT, log, {
-      probes: { postgres: (signal) => abortable(ping(sql), signal) },
-    }),
-    named("worker", worker),
-  ], { log, stopDeadlineMs: stopDeadline(cfg.WORKER_SHUTDOWN_MS) });
+  const module = line.flags.workflows;
+  const workflows = module === undefined ? [echo, sleep, fail] : await loadWorkflows(module);
+  return await runWorker({ workflows });
+}
+
+/**
+ * The workflows `path` exports: every export made by `defineWorkflow`, and
+ * those in exported arrays (once each). A module that cannot be loaded or
+ * exports none is a `ConfigError` naming it.
+ */
+export async function loadWorkflows(path: string): Promise<Workflow[]> {
+  // Relative to where the command was typed: `deno task` runs in the
+  // project's folder and says where it was started in INIT_CWD.
+  const base = Deno.env.get("INIT_CWD") ?? Deno.cwd();
+  const url = new URL(path, `file://${base.endsWith("/") ? base : `${base}/`}`);
+  let exports: Record<string, unknown>;
+  try {
+    exports = await import(url.href);
+  } catch (err) {
+    throw new ConfigError(
+      `worker: --workflows ${path}: cannot load it: ${
+        (err instanceof Error ? err.message : String(err)).split("\n")[0]
+      }`,
+    );
+  }
+  const found = new Set<Workflow>();
+  for (const value of Object.values(exports)) {
+    if (isWorkflow(value)) found.add(value);
+    else if (Array.isArray(value)) for (const v of value) if (isWorkflow(v)) found.add(v);
+  }
+  if (found.size === 0) {
+    throw new ConfigError(
+      `worker: --workflows ${path}: exports no workflow (export what defineWorkflow returns)`,
+    );
+  }
+  return [...found];
 }

@@ -47,6 +47,7 @@ import { Finisher } from "./finish.ts";
 import { heartbeatLoop } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
+import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 
 export type { AttemptOutcome, FencedStatement, WorkerHooks } from "./hooks.ts";
@@ -110,6 +111,7 @@ export class Worker implements Service {
   readonly #reclaimer: Reclaimer;
   readonly #listener: Listener;
   readonly #finisher: Finisher;
+  readonly #presence: WorkerPresence;
   #started = false;
 
   constructor(sql: Sql, registry: WorkflowRegistry, opts: WorkerOptions) {
@@ -162,6 +164,7 @@ export class Worker implements Service {
       onListen: wake,
       log: this.#log,
     });
+    this.#presence = new WorkerPresence(sql, opts.id, registry, this.#log);
     this.#reclaimer = new Reclaimer(sql, {
       intervalMs: this.#opts.reclaimMs,
       log: this.#log,
@@ -187,11 +190,21 @@ export class Worker implements Service {
     return this.#inFlight.size;
   }
 
-  /** Subscribes to wake-ups and starts claiming and reclaiming. */
-  async start(): Promise<void> {
+  /**
+   * Registers its workflow versions in the catalog (a `workflow-conflict`
+   * error when one is registered with another definition; while Postgres is
+   * away it waits, until `signal` is aborted), subscribes to wake-ups and
+   * starts claiming and reclaiming.
+   */
+  async start(signal?: AbortSignal): Promise<void> {
     if (this.#started) throw new Error("worker already started");
     if (this.#stopping.signal.aborted) throw new Error("worker stopped");
     this.#started = true;
+    await this.#presence.start(
+      signal ? AbortSignal.any([signal, this.#stopping.signal]) : this.#stopping.signal,
+    );
+    if (!this.#presence.registered) return; // stopped before Postgres came
+
     // Waiting for the first LISTEN means a NOTIFY sent after start() returns
     // is not missed; if Postgres is down, polling carries on meanwhile.
     await this.#listener.start();
@@ -202,6 +215,7 @@ export class Worker implements Service {
       concurrency,
       leaseMs,
       pollMs,
+      hosted: this.#registry.hosted(),
       log: this.#log,
       sleep: this.#sleep,
       stopping: this.#stopping.signal,
@@ -216,6 +230,7 @@ export class Worker implements Service {
     }));
     await this.#reclaimer.start();
     this.#log.info("worker started", {
+      workflows: this.#registry.list(),
       concurrency,
       lease_ms: leaseMs,
       poll_ms: pollMs,
@@ -244,6 +259,7 @@ export class Worker implements Service {
       timeout.abort();
     }
     await this.#finisher.releaseUnfinished([...this.#inFlight.values()]);
+    await this.#presence.stop();
   });
 
   /** Wakes this worker at `at` (a retry it scheduled), so it need not wait for a poll. */

@@ -1,21 +1,26 @@
 /**
- * Built-in workflows, useful for operating and testing poimen:
+ * Built-in workflows, for operating and testing poimen, and examples of
+ * `defineWorkflow` (workflows/define.ts); `deno task worker` hosts them when
+ * no `--workflows` module is given:
  * - `echo@1` returns its input;
  * - `sleep@1` waits `{ms}` (at most ten minutes), then returns `{slept_ms}`;
  * - `fail@1` fails its first `{times}` attempts, then succeeds.
  */
 import { z } from "zod";
 import { delay, MINUTE } from "../core/time.ts";
-import { type Workflow, WorkflowRegistry } from "./registry.ts";
+import { defineWorkflow, type Workflow } from "./define.ts";
+import { WorkflowRegistry } from "./registry.ts";
 
-export const echo: Workflow<unknown> = {
+/** `echo@1`: returns its input. */
+export const echo: Workflow<unknown> = defineWorkflow({
   name: "echo",
   version: 1,
   input: z.unknown(),
   handler: (input) => Promise.resolve(input),
-};
+});
 
-export const sleep: Workflow<{ ms: number }> = {
+/** `sleep@1`: waits `{ms}`, honouring the abort signal. */
+export const sleep: Workflow<{ ms: number }> = defineWorkflow({
   name: "sleep",
   version: 1,
   input: z.object({ ms: z.number().int().min(0).max(10 * MINUTE) }),
@@ -24,9 +29,10 @@ export const sleep: Workflow<{ ms: number }> = {
     if (ctx.signal.aborted) throw new Error("sleep interrupted");
     return { slept_ms: ms };
   },
-};
+});
 
-export const fail: Workflow<{ times: number; message?: string }> = {
+/** `fail@1`: fails its first `{times}` attempts, then succeeds. */
+export const fail: Workflow<{ times: number; message?: string }> = defineWorkflow({
   name: "fail",
   version: 1,
   input: z.object({
@@ -39,9 +45,9 @@ export const fail: Workflow<{ times: number; message?: string }> = {
     }
     return Promise.resolve({ failed_attempts: times });
   },
-};
+});
 
-/** The registry every poimen process uses: the built-ins (add yours here). */
-export function builtinRegistry(defaultMaxAttempts = 3): WorkflowRegistry {
-  return new WorkflowRegistry(defaultMaxAttempts).register(echo).register(sleep).register(fail);
+/** A registry of the built-ins (the stock worker's without `--workflows`, and the tests'). */
+export function builtinRegistry(): WorkflowRegistry {
+  return new WorkflowRegistry([echo, sleep, fail]);
 }

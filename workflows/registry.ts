@@ -1,95 +1,59 @@
 /**
- * The workflow registry: versioned TypeScript workflow definitions. The API
- * resolves `name@version` (or `name`, meaning the newest version) and pins
- * the version on the run at admission; the worker looks the pinned version
- * up again to execute it, so a new version never changes a run in flight.
+ * A worker's workflows: the versions it hosts, looked up by the version a
+ * run was pinned to at admission, so a new version never changes a run in
+ * flight. What the worker registers in the catalog (db/catalog.ts) and
+ * claims by (db/claims.ts) comes from here.
  */
-import type { z } from "zod";
-import type { Logger } from "../core/log.ts";
-import { WORKFLOW_NAME_PATTERN, WORKFLOW_REF_PATTERN } from "../contracts/runs.ts";
+import type { CatalogVersion } from "../db/catalog.ts";
+import type { HostedVersions } from "../db/claims.ts";
+import { defineWorkflow, isWorkflow, type Workflow, type WorkflowOptions } from "./define.ts";
 
-/** What a handler gets besides its input. */
-export interface WorkflowContext {
-  tenantId: string;
-  runId: string;
-  /** 1 on the first attempt. */
-  attempt: number;
-  /**
-   * Aborted when the worker shuts down, loses the run's lease, or the run is
-   * cancelled. A handler that honours it throws (the attempt then ends
-   * `cancelled` or released); one that returns a result anyway succeeds.
-   */
-  signal: AbortSignal;
-  log: Logger;
-}
-
-/** One version of one workflow. */
-export interface Workflow<I = unknown> {
-  name: string;
-  version: number;
-  /** Validates the run's input at admission (a mismatch is a 422) and again before execution. */
-  input: z.ZodType<I>;
-  /** Attempts before the run is `failed`; the default is the registry's. */
-  maxAttempts?: number;
-  /** Returns the run's result (JSON), or throws to fail the attempt. */
-  handler(input: I, ctx: WorkflowContext): Promise<unknown>;
-}
-
-/** A resolved reference: the definition and the version to pin. */
-export interface ResolvedWorkflow {
-  name: string;
-  version: number;
-  maxAttempts: number;
-  // deno-lint-ignore no-explicit-any
-  workflow: Workflow<any>;
-}
+export type { Workflow, WorkflowContext } from "./define.ts";
 
 export class WorkflowRegistry {
-  // name → versions, newest last
+  // `name@version` → definition
   // deno-lint-ignore no-explicit-any
-  readonly #byName = new Map<string, Workflow<any>[]>();
-  readonly #defaultMaxAttempts: number;
+  readonly #byRef = new Map<string, Workflow<any>>();
 
-  constructor(defaultMaxAttempts = 3) {
-    this.#defaultMaxAttempts = defaultMaxAttempts;
+  /** A registry of `workflows`; one `name@version` twice is an error naming it. */
+  // deno-lint-ignore no-explicit-any
+  constructor(workflows: Iterable<Workflow<any> | WorkflowOptions<any>> = []) {
+    for (const wf of workflows) this.register(wf);
   }
 
-  /** Adds one version; registering the same name and version twice is a programming error. */
-  register<I>(wf: Workflow<I>): this {
-    if (!WORKFLOW_NAME_PATTERN.test(wf.name)) throw new Error(`bad workflow name: ${wf.name}`);
-    if (!Number.isInteger(wf.version) || wf.version < 1) {
-      throw new Error(`bad workflow version: ${wf.name}@${wf.version}`);
-    }
-    const versions = this.#byName.get(wf.name) ?? [];
-    if (versions.some((v) => v.version === wf.version)) {
-      throw new Error(`workflow registered twice: ${wf.name}@${wf.version}`);
-    }
-    versions.push(wf);
-    versions.sort((a, b) => a.version - b.version);
-    this.#byName.set(wf.name, versions);
+  /** Adds one version (a plain definition is passed through `defineWorkflow`). */
+  register<I>(wf: Workflow<I> | WorkflowOptions<I>): this {
+    const defined = isWorkflow(wf) ? wf as Workflow<I> : defineWorkflow(wf);
+    const ref = `${defined.name}@${defined.version}`;
+    if (this.#byRef.has(ref)) throw new TypeError(`workflow ${ref} is given twice`);
+    this.#byRef.set(ref, defined);
     return this;
   }
 
-  /** Resolves `name` (newest version) or `name@version`; undefined when unknown. */
-  resolve(ref: string): ResolvedWorkflow | undefined {
-    const m = WORKFLOW_REF_PATTERN.exec(ref);
-    if (!m) return undefined;
-    const versions = this.#byName.get(m[1]);
-    if (!versions) return undefined;
-    const wf = m[2] === undefined
-      ? versions[versions.length - 1]
-      : versions.find((v) => v.version === Number(m[2]));
-    if (!wf) return undefined;
-    return {
-      name: wf.name,
-      version: wf.version,
-      maxAttempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
-      workflow: wf,
-    };
+  /** The definition of `name@version`, or undefined when this worker does not host it. */
+  // deno-lint-ignore no-explicit-any
+  resolve(ref: string): Workflow<any> | undefined {
+    return this.#byRef.get(ref);
   }
 
-  /** Every registered `name@version`, for docs and errors. */
+  /** Every hosted `name@version`, sorted. */
   list(): string[] {
-    return [...this.#byName.values()].flat().map((w) => `${w.name}@${w.version}`);
+    return [...this.#byRef.keys()].sort();
+  }
+
+  /** The hosted versions, as the claim takes them. */
+  hosted(): HostedVersions {
+    const all = [...this.#byRef.values()];
+    return { names: all.map((w) => w.name), versions: all.map((w) => w.version) };
+  }
+
+  /** What the catalog stores of each hosted version. */
+  catalogVersions(): CatalogVersion[] {
+    return [...this.#byRef.values()].map((w) => ({
+      name: w.name,
+      version: w.version,
+      input_schema: { ...w.inputSchema },
+      max_attempts: w.maxAttempts ?? null,
+    }));
   }
 }

@@ -1,0 +1,246 @@
+/**
+ * What admission knows of workflows: each registered version's input schema
+ * compiled once (ajv, JSON Schema 2020-12) and its max attempts, looked up by
+ * `name` (the newest version) or `name@version`. The API loads no workflow
+ * code: `WorkflowCatalog` reads the catalog the workers register in
+ * (db/catalog.ts) and learns new versions without a restart — a NOTIFY after
+ * each registration, a refresh on a timer as the fallback, and a refresh
+ * before a workflow is called unknown, so a version registered a moment ago
+ * is never refused for being new.
+ */
+import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
+import type { FieldError } from "../core/errors.ts";
+import type { Logger } from "../core/log.ts";
+import type { Service } from "../core/lifecycle.ts";
+import { once } from "../core/lifecycle.ts";
+import { SECOND } from "../core/time.ts";
+import { formatPath, WORKFLOW_REF_PATTERN } from "../contracts/runs.ts";
+import { type CatalogVersion, selectCatalog } from "../db/catalog.ts";
+import { Listener } from "../db/listener.ts";
+import { CATALOG_CHANNEL } from "../db/notify.ts";
+import type { Sql } from "../db/pool.ts";
+
+/** A problem body lists at most this many failing fields. */
+const MAX_REPORTED = 20;
+
+/** One version as admission uses it. */
+export interface AdmissionVersion {
+  name: string;
+  version: number;
+  /** null: the API's default. */
+  maxAttempts: number | null;
+  /** The input's failing fields (paths under `input`), or undefined when it is valid. */
+  validate(input: unknown): FieldError[] | undefined;
+}
+
+/** How admission finds a workflow version. */
+export interface WorkflowLookup {
+  /** `name` (the newest version) or `name@version`; undefined when unknown here. */
+  resolve(ref: string): AdmissionVersion | undefined;
+  /**
+   * Called before a ref is answered as unknown: looks again where the
+   * versions come from (bounded by the implementation), resolving once done.
+   */
+  refreshUnknown(): Promise<void>;
+  /** Every known `name@version`, for error messages. */
+  list(): string[];
+}
+
+// One ajv for the process: compiled validators share its caches. Formats are
+// not validated by name (zod's JSON Schema carries a `pattern` beside each
+// `format` it knows); strict off because zod emits keywords ajv's strict
+// mode calls unknown (e.g. `$schema` in nested places).
+const ajv = new Ajv2020({ allErrors: true, strict: false, validateFormats: false, verbose: true });
+
+/** Compiles one catalog version (throws when its schema is not valid JSON Schema). */
+export function compileVersion(v: CatalogVersion): AdmissionVersion {
+  const check: ValidateFunction = ajv.compile(v.input_schema);
+  return {
+    name: v.name,
+    version: v.version,
+    maxAttempts: v.max_attempts,
+    validate(input) {
+      if (check(input)) return undefined;
+      return (check.errors ?? []).slice(0, MAX_REPORTED).map(fieldError);
+    },
+  };
+}
+
+/** A failing field as problem+json reports it: `input.<path>`, ajv's message. */
+function fieldError(e: ErrorObject): FieldError {
+  const path: (string | number)[] = ["input"];
+  for (const segment of e.instancePath.split("/").slice(1)) {
+    const key = segment.replaceAll("~1", "/").replaceAll("~0", "~");
+    path.push(/^(0|[1-9][0-9]*)$/.test(key) ? Number(key) : key);
+  }
+  const params = e.params as Record<string, unknown>;
+  if (e.keyword === "required") path.push(String(params.missingProperty));
+  if (e.keyword === "additionalProperties") path.push(String(params.additionalProperty));
+  const format = (e.parentSchema as { format?: unknown } | undefined)?.format;
+  const message = e.keyword === "required"
+    ? "is required"
+    : e.keyword === "additionalProperties"
+    ? "is not allowed"
+    : e.keyword === "pattern"
+    ? (typeof format === "string" ? `must be a valid ${format}` : "does not match the pattern")
+    : e.message ?? e.keyword;
+  return { path: formatPath(path), message };
+}
+
+/** Versions by name, newest last, with lookups by ref. */
+class VersionIndex {
+  readonly #byRef = new Map<string, AdmissionVersion>();
+  readonly #newest = new Map<string, AdmissionVersion>();
+
+  has(name: string, version: number): boolean {
+    return this.#byRef.has(`${name}@${version}`);
+  }
+
+  add(v: AdmissionVersion): void {
+    this.#byRef.set(`${v.name}@${v.version}`, v);
+    const newest = this.#newest.get(v.name);
+    if (!newest || newest.version < v.version) this.#newest.set(v.name, v);
+  }
+
+  resolve(ref: string): AdmissionVersion | undefined {
+    const exact = this.#byRef.get(ref);
+    if (exact) return exact;
+    const m = WORKFLOW_REF_PATTERN.exec(ref);
+    return m && m[2] === undefined ? this.#newest.get(m[1]) : undefined;
+  }
+
+  list(): string[] {
+    return [...this.#byRef.keys()].sort();
+  }
+}
+
+/** A fixed set of versions (tests, the bench, a single process): nothing to refresh. */
+export class StaticCatalog implements WorkflowLookup {
+  readonly #index = new VersionIndex();
+
+  constructor(versions: Iterable<CatalogVersion>) {
+    for (const v of versions) this.#index.add(compileVersion(v));
+  }
+
+  resolve(ref: string): AdmissionVersion | undefined {
+    return this.#index.resolve(ref);
+  }
+
+  refreshUnknown(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  list(): string[] {
+    return this.#index.list();
+  }
+}
+
+/** Options of `WorkflowCatalog`. */
+export interface WorkflowCatalogOptions {
+  /** The fallback refresh's interval (a NOTIFY normally comes first). */
+  refreshMs: number;
+  /** Opens the one-connection pool the catalog LISTENs on (see db/listener.ts). */
+  listen: () => Sql;
+  log: Logger;
+  /** An unknown workflow refreshes at most this often (a flood of bad names costs one read a second). */
+  missRefreshMs?: number;
+}
+
+/** The catalog in Postgres, kept in memory; see the module comment. */
+export class WorkflowCatalog implements WorkflowLookup, Service {
+  readonly #sql: Sql;
+  readonly #opts: WorkflowCatalogOptions;
+  readonly #index = new VersionIndex();
+  readonly #listener: Listener;
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #inFlight: Promise<void> | undefined;
+  #again = false;
+  #lastStarted = -Infinity;
+
+  constructor(sql: Sql, opts: WorkflowCatalogOptions) {
+    this.#sql = sql;
+    this.#opts = opts;
+    this.#listener = new Listener({
+      connect: opts.listen,
+      channels: { [CATALOG_CHANNEL]: () => void this.refresh() },
+      // A reconnect may have missed registrations.
+      onListen: () => void this.refresh(),
+      log: opts.log,
+    });
+  }
+
+  /** Loads the catalog (when Postgres answers; otherwise the timer tries again) and listens. */
+  async start(): Promise<void> {
+    await this.#listener.start();
+    await this.refresh();
+    this.#timer = setInterval(() => void this.refresh(), this.#opts.refreshMs);
+  }
+
+  /** Stops listening and refreshing; safe to call twice. */
+  stop: () => Promise<void> = once(async () => {
+    clearInterval(this.#timer);
+    await this.#listener.stop();
+    await this.#inFlight;
+  });
+
+  resolve(ref: string): AdmissionVersion | undefined {
+    return this.#index.resolve(ref);
+  }
+
+  list(): string[] {
+    return this.#index.list();
+  }
+
+  /**
+   * Reads the catalog and compiles the versions not seen yet (a version is
+   * immutable, so one seen is never read twice). Refreshes asked for while
+   * one runs share the next one, which starts when it ends: one read at a
+   * time, and none missed.
+   */
+  refresh(): Promise<void> {
+    if (this.#inFlight) {
+      this.#again = true;
+      return this.#inFlight;
+    }
+    this.#lastStarted = performance.now();
+    const run = async () => {
+      do {
+        this.#again = false;
+        await this.#load();
+      } while (this.#again);
+    };
+    this.#inFlight = run().finally(() => this.#inFlight = undefined);
+    return this.#inFlight;
+  }
+
+  /** A refresh for an unknown workflow: shared with one in flight, at most one a `missRefreshMs`. */
+  refreshUnknown(): Promise<void> {
+    if (this.#inFlight) return this.#inFlight;
+    const since = performance.now() - this.#lastStarted;
+    if (since < (this.#opts.missRefreshMs ?? SECOND)) return Promise.resolve();
+    return this.refresh();
+  }
+
+  async #load(): Promise<void> {
+    try {
+      for (const row of await selectCatalog(this.#sql)) {
+        if (this.#index.has(row.name, row.version)) continue;
+        try {
+          this.#index.add(compileVersion(row));
+          this.#opts.log.info("workflow version learned", {
+            workflow: `${row.name}@${row.version}`,
+          });
+        } catch (err) {
+          // Registered by a worker whose schema ajv cannot compile: runs of it
+          // are refused as unknown; say why once per refresh.
+          this.#opts.log.error("workflow version not compiled", {
+            workflow: `${row.name}@${row.version}`,
+            error: err,
+          });
+        }
+      }
+    } catch (err) {
+      this.#opts.log.warn("catalog refresh failed", { error: err });
+    }
+  }
+}

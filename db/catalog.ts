@@ -1,0 +1,146 @@
+/**
+ * The workflow catalog (migration 008): the versions workers registered, with
+ * what admission needs of each, and the live workers with the versions each
+ * hosts. Workers write it (registration, liveness); the API reads it (to
+ * validate input without the handlers' code) and answers from it what a
+ * queued run waits for.
+ */
+import type { Sql } from "./pool.ts";
+
+/** One workflow version as the catalog keeps it. */
+export interface CatalogVersion {
+  name: string;
+  version: number;
+  /** JSON Schema (draft 2020-12) of the input. */
+  input_schema: Record<string, unknown>;
+  /** null: the API's DEFAULT_MAX_ATTEMPTS. */
+  max_attempts: number | null;
+}
+
+/** What registering one version found. */
+export interface Registration {
+  name: string;
+  version: number;
+  /** This call registered it. */
+  created: boolean;
+  /**
+   * It was registered before with the same schema and max attempts (true
+   * when created); false: the stored definition differs; null: another
+   * registration of it committed after this statement's snapshot (ask again).
+   */
+  same: boolean | null;
+}
+
+/**
+ * Registers `versions` for `workerId`: each `name@version` not yet in the
+ * catalog is inserted; each already there is compared with what is stored
+ * (jsonb equality, so key order does not matter). One statement, so two
+ * workers starting at once cannot both "create" one version.
+ */
+export async function registerVersions(
+  sql: Sql,
+  versions: CatalogVersion[],
+  workerId: string,
+): Promise<Registration[]> {
+  return await sql<Registration[]>`
+    with wanted as (
+      select * from jsonb_to_recordset(${sql.json(versions as never)}::jsonb)
+        as w(name text, version int, input_schema jsonb, max_attempts int)
+    ),
+    ins as (
+      insert into workflow_versions (name, version, input_schema, max_attempts, registered_by)
+      select name, version, input_schema, max_attempts, ${workerId} from wanted
+      on conflict (name, version) do nothing
+      returning name, version
+    )
+    select w.name, w.version, i.name is not null as created,
+           case when i.name is not null then true
+                when v.name is null then null
+                else v.input_schema = w.input_schema
+                     and v.max_attempts is not distinct from w.max_attempts end as same
+      from wanted w
+      left join ins i on i.name = w.name and i.version = w.version
+      left join workflow_versions v on v.name = w.name and v.version = w.version`;
+}
+
+/**
+ * Every registered version. The catalog is as small as the workflow code
+ * deployed (versions, not runs), so readers take all of it and skip what
+ * they know: a version never changes.
+ */
+export async function selectCatalog(sql: Sql): Promise<CatalogVersion[]> {
+  return await sql<CatalogVersion[]>`
+    select name, version, input_schema, max_attempts from workflow_versions
+     order by name, version`;
+}
+
+/**
+ * Says `workerId` is alive and hosts `workflows` ('name@version') until
+ * `ttlMs` from now; also forgets workers that expired over a day ago, so
+ * the table holds the fleet and its recent past, not every process ever.
+ */
+export async function renewWorker(
+  sql: Sql,
+  workerId: string,
+  workflows: string[],
+  ttlMs: number,
+): Promise<void> {
+  await sql`
+    with forget as (
+      delete from workflow_workers where expires_at < now() - interval '1 day'
+    )
+    insert into workflow_workers (worker_id, workflows, expires_at)
+    values (${workerId}, ${workflows}::text[],
+            now() + ${ttlMs}::float8 * interval '1 millisecond')
+    on conflict (worker_id) do update
+       set workflows = excluded.workflows, expires_at = excluded.expires_at`;
+}
+
+/** A worker that stops says so: its versions stop counting as hosted at once. */
+export async function removeWorker(sql: Sql, workerId: string): Promise<void> {
+  await sql`delete from workflow_workers where worker_id = ${workerId}`;
+}
+
+/** Whether a live worker hosts `name@version`. */
+export async function isHosted(sql: Sql, name: string, version: number): Promise<boolean> {
+  const [r] = await sql<{ hosted: boolean }[]>`
+    select exists (
+      select 1 from workflow_workers
+       where expires_at > now() and ${`${name}@${version}`}::text = any (workflows)
+    ) as hosted`;
+  return r.hosted;
+}
+
+/** Queued runs of one version that no live worker hosts. */
+export interface UnhostedQueue {
+  /** `name@version`. */
+  workflow: string;
+  /** Queued runs pinned to it, at most `cap`. */
+  runs: number;
+}
+
+/**
+ * The catalog's versions that no live worker hosts and that have queued
+ * runs, with how many (capped: each count reads that version's queued runs
+ * and stops at `cap`). Versions are few; only unhosted ones are counted.
+ */
+export async function selectUnhostedQueues(sql: Sql, cap: number): Promise<UnhostedQueue[]> {
+  return await sql<UnhostedQueue[]>`
+    with unhosted as materialized (
+      select v.name, v.version, v.name || '@' || v.version as workflow
+        from workflow_versions v
+       where not exists (
+             select 1 from workflow_workers w
+              where w.expires_at > now() and v.name || '@' || v.version = any (w.workflows))
+    )
+    select u.workflow, q.runs
+      from unhosted u
+     cross join lateral (
+           select count(*)::int as runs
+             from (select 1 from runs r
+                    where r.status = 'queued' and r.workflow_name = u.name
+                      and r.workflow_version = u.version
+                    limit ${cap}) l) q
+     where q.runs > 0
+     order by u.workflow`;
+}
