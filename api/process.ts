@@ -85,7 +85,7 @@ export async function main(args: string[]): Promise<number> {
       waitMs: config.BODY_BUDGET_WAIT_MS,
       readTimeoutMs: config.BODY_READ_TIMEOUT_MS,
     },
-    consoleAssets: await loadConsoleAssets(),
+    consoleAssets: loadConsoleAssets(),
   });
 
   let server: Deno.HttpServer | undefined;

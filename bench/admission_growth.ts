@@ -103,7 +103,7 @@ async function measureSize(size: number): Promise<Row[]> {
   const sql = createPool({ url: url.href, max: 4, applicationName: "bench-growth" });
   const rows: Row[] = [];
   try {
-    await migrate(sql, await loadMigrations(), silentLogger);
+    await migrate(sql, loadMigrations(), silentLogger);
     await insertTenant(sql, TENANT);
     const young = createPool({ url: url.href, max: 10, applicationName: "bench-young" });
     if (size > 0) {

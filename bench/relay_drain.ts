@@ -105,7 +105,7 @@ const u = new URL(ADMIN_URL);
 u.pathname = `/${dbName}`;
 const url = u.href;
 const sql = createPool({ url, max: 4, applicationName: "bench" });
-await migrate(sql, await loadMigrations(), silentLogger);
+await migrate(sql, loadMigrations(), silentLogger);
 const token = newToken();
 await insertToken(sql, await hashToken(token), { kind: "service", tenant_id: null, name: "relay" });
 const port = freePort();

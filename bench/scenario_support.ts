@@ -26,7 +26,7 @@ export async function createDb(
   await admin.unsafe(`create database ${name}`);
   const url = dbUrl(ctx.adminUrl, name);
   const sql = createPool({ url, max: 4, applicationName: "bench" });
-  await migrate(sql, await loadMigrations(), silentLogger);
+  await migrate(sql, loadMigrations(), silentLogger);
   return { url, sql };
 }
 

@@ -17,7 +17,7 @@ import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
-import { migrateDatabase } from "./migrate.ts";
+import { createAndMigrate } from "./migrate.ts";
 
 /** The service name the relay's token is registered under. */
 export const RELAY_SERVICE = "relay";
@@ -57,7 +57,7 @@ export async function main(args: string[]): Promise<number> {
   const log = createLogger("init", config.LOG_LEVEL);
   const tenants = tenantList(config.POIMEN_TENANTS);
 
-  await migrateDatabase(config.DATABASE_URL, log);
+  await createAndMigrate(config.DATABASE_URL, log);
   const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-init" });
   try {
     for (const tenant of tenants) {

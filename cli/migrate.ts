@@ -2,8 +2,8 @@
 import { z } from "zod";
 import { databaseEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
 import { createLogger, type Logger } from "../core/log.ts";
-import { createPool } from "../db/pool.ts";
-import { ensureDatabase, loadMigrations, migrate } from "../db/migrate.ts";
+import { ensureDatabase } from "../db/migrate.ts";
+import { migrateDatabase } from "../db/migrate_database.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 
 const MigrateEnv = z.object({ ...databaseEnv, ...logEnv });
@@ -21,18 +21,16 @@ export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
   const config = readEnv(MigrateEnv, processEnv());
-  await migrateDatabase(config.DATABASE_URL, createLogger("migrate", config.LOG_LEVEL));
+  await createAndMigrate(config.DATABASE_URL, createLogger("migrate", config.LOG_LEVEL));
   return 0;
 }
 
-/** Creates the database at `url` if missing and applies the pending migrations. */
-export async function migrateDatabase(url: string, log: Logger): Promise<void> {
+/**
+ * Creates the database at `url` if missing and applies the pending
+ * migrations (the package's `migrateDatabase`, which creates no database).
+ */
+export async function createAndMigrate(url: string, log: Logger): Promise<void> {
   if (await ensureDatabase(url)) log.info("database created");
-  const sql = createPool({ url, max: 1, applicationName: "poimen-migrate" });
-  try {
-    const applied = await migrate(sql, await loadMigrations(), log);
-    log.info(applied.length ? "migrated" : "already up to date", { applied });
-  } finally {
-    await sql.end({ timeout: 5 });
-  }
+  const applied = await migrateDatabase(url, { log });
+  log.info(applied.length ? "migrated" : "already up to date", { applied });
 }

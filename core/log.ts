@@ -7,12 +7,18 @@
 import { nextCause } from "./errors.ts";
 
 export type Level = "debug" | "info" | "warn" | "error";
+/** A line's structured fields, besides its message (`tenant`, `run_id`, `version`, …). */
 export type Fields = Record<string, unknown>;
 
+/** Where a part writes its log lines; any object of this shape will do. */
 export interface Logger {
+  /** Detail for debugging, off by default. */
   debug(msg: string, fields?: Fields): void;
+  /** Something that happened as it should (a migration applied, a process started). */
   info(msg: string, fields?: Fields): void;
+  /** Something wrong that the part recovers from by itself. */
   warn(msg: string, fields?: Fields): void;
+  /** Something wrong that needs a person. */
   error(msg: string, fields?: Fields): void;
   /** A logger whose lines all carry `fields`. */
   with(fields: Fields): Logger;

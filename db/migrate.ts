@@ -1,49 +1,37 @@
 /**
- * The migration runner: numbered plain `.sql` files in `migrations/`, applied
- * in order, each in its own transaction under a transaction-scoped advisory
- * lock, and recorded in `schema_migrations`. Several processes may run it at
- * once: they queue on the lock, and each re-reads what is applied once it
- * holds it, so every file runs exactly once.
+ * The migration runner: numbered plain `.sql` files in `migrations/` (as
+ * embedded in migrations/embedded.ts by `deno task embed`), applied in order,
+ * each in its own transaction under a transaction-scoped advisory lock, and
+ * recorded in `schema_migrations`. Several processes may run it at once: they
+ * queue on the lock, and each re-reads what is applied once it holds it, so
+ * every file runs exactly once.
  */
 import { createPool, type Sql } from "./pool.ts";
 import type { Logger } from "../core/log.ts";
+import { MIGRATIONS } from "../migrations/embedded.ts";
 
 // An arbitrary constant shared by every poimen process: "poimen migrations".
 const MIGRATION_LOCK_KEY = 0x706f696d656e;
 
+/** One migration: `migrations/<version>_<name>.sql` and its text. */
 export interface Migration {
   version: number;
   name: string;
   sql: string;
 }
 
-const MIGRATIONS_DIR = new URL("../migrations/", import.meta.url);
-
-/** Reads `migrations/NNN_name.sql` files, sorted by number (needs read access to the folder). */
-export async function loadMigrations(dir: URL = MIGRATIONS_DIR): Promise<Migration[]> {
-  const out: Migration[] = [];
-  for await (const entry of Deno.readDir(dir)) {
-    const m = /^(\d+)_([a-z0-9_]+)\.sql$/.exec(entry.name);
-    if (!entry.isFile || !m) continue;
-    out.push({
-      version: Number(m[1]),
-      name: m[2],
-      sql: await Deno.readTextFile(new URL(entry.name, dir)),
-    });
-  }
-  out.sort((a, b) => a.version - b.version);
-  for (let i = 1; i < out.length; i++) {
-    if (out[i].version === out[i - 1].version) {
-      throw new Error(`two migrations share number ${out[i].version}`);
-    }
-  }
-  return out;
+/**
+ * The migrations, in order: migrations/NNN_name.sql as embedded in
+ * migrations/embedded.ts by `deno task embed`, so migrating reads no file.
+ */
+export function loadMigrations(): readonly Migration[] {
+  return MIGRATIONS;
 }
 
 /** Applies every pending migration; returns the versions this call applied. */
 export async function migrate(
   sql: Sql,
-  migrations: Migration[],
+  migrations: readonly Migration[],
   log: Logger,
 ): Promise<number[]> {
   await sql.begin(async (tx) => {

@@ -76,7 +76,9 @@ function exportedModules(): string[] {
  * concurrent run never clones a half-migrated one.
  */
 export async function templateDatabase(adminUrl: string): Promise<string> {
-  const migrations = await loadMigrations();
+  const migrations = loadMigrations();
+  // The embedded copies, which are what migrate() applies (tests/dev_embed_test.ts
+  // holds them equal to migrations/*.sql), so the template follows what runs.
   const bytes = new TextEncoder().encode(migrations.map((m) => `${m.name}\n${m.sql}`).join("\n"));
   const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
   const hash = [...digest.slice(0, 6)].map((b) => b.toString(16).padStart(2, "0")).join("");

@@ -38,7 +38,7 @@ async function world(): Promise<World> {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit: 65536,
-    consoleAssets: await loadConsoleAssets(),
+    consoleAssets: loadConsoleAssets(),
   });
   const token = async (kind: "tenant" | "service", name: string) => {
     const t = newToken();

@@ -46,7 +46,7 @@ async function setUp() {
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
     bodyLimit: BODY_LIMIT,
-    consoleAssets: await loadConsoleAssets(),
+    consoleAssets: loadConsoleAssets(),
   });
   for (const name of ["acme", "globex"] as const) {
     tokens[name] = newToken();

@@ -26,7 +26,7 @@ let sql: Sql;
 let app: ReturnType<typeof createApp>;
 let acme: string, globex: string, relay: string;
 
-const consoleAssets = await loadConsoleAssets();
+const consoleAssets = loadConsoleAssets();
 
 function makeApp(bodyLimit: number, bodyBudget?: AppDeps["bodyBudget"]) {
   return createApp({

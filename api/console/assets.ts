@@ -1,9 +1,11 @@
 /**
- * The console's static files: its one script and one stylesheet, read once
- * at start-up (the API process may read api/console/static and nothing else)
+ * The console's static files: its one script and one stylesheet, embedded
+ * in the code (api/console/static/embedded.ts, written by `deno task embed`
+ * from the files of api/console/static/) so the API process reads no file,
  * and served from memory under fixed same-origin paths, the only sources its
  * Content-Security-Policy allows.
  */
+import { appJs, css } from "./static/embedded.ts";
 
 /** The console's script and stylesheet. */
 export interface ConsoleAssets {
@@ -11,9 +13,7 @@ export interface ConsoleAssets {
   css: string;
 }
 
-/** Reads the console's static files. */
-export async function loadConsoleAssets(): Promise<ConsoleAssets> {
-  const read = (name: string) => Deno.readTextFile(new URL(`./static/${name}`, import.meta.url));
-  const [appJs, css] = await Promise.all([read("app.js"), read("console.css")]);
+/** The console's static files, as embedded. */
+export function loadConsoleAssets(): ConsoleAssets {
   return { appJs, css };
 }

@@ -29,7 +29,7 @@ export async function freshDatabase(migrated = true): Promise<TestDatabase> {
   const url = new URL(ADMIN_URL);
   url.pathname = `/${name}`;
   const sql = createPool({ url: url.href, max: 10, applicationName: "poimen-test" });
-  if (migrated && !template) await migrate(sql, await loadMigrations(), silentLogger);
+  if (migrated && !template) await migrate(sql, loadMigrations(), silentLogger);
   return {
     name,
     url: url.href,

@@ -1,0 +1,52 @@
+/**
+ * Migrating a database from the package: applies poimen's schema (the
+ * migrations embedded in the package, so nothing is read from disk) to an
+ * existing database, as `deno task migrate` does. It creates the tables and
+ * nothing else: no database, no tenant, no token, no topic.
+ *
+ * ```ts
+ * import { migrateDatabase } from "@poimen/poimen/migrate";
+ *
+ * const applied = await migrateDatabase("postgres://poimen@127.0.0.1:5432/poimen");
+ * ```
+ *
+ * Several processes may call it at once (they queue on an advisory lock) and
+ * calling it again applies nothing. The permissions it needs are
+ * `--allow-net` (the database) and `--allow-env` (the driver reads the
+ * `PG*` variables for what the URL leaves out).
+ *
+ * @module
+ */
+import { createPool } from "./pool.ts";
+import { loadMigrations, migrate } from "./migrate.ts";
+import { type Fields, type Logger, silentLogger } from "../core/log.ts";
+
+export type { Fields, Logger };
+
+/** Options of {@link migrateDatabase}. */
+export interface MigrateDatabaseOptions {
+  /**
+   * Told each migration applied (`info`, with its `version` and `name`);
+   * default: a logger that writes nothing.
+   */
+  log?: Logger;
+}
+
+/**
+ * Applies the pending migrations to the database at `databaseUrl`, which
+ * must exist, each in its own transaction; returns the versions this call
+ * applied (empty when the schema was already up to date). It opens one
+ * connection of its own and closes it before returning, also on failure,
+ * when it rejects with the driver's error.
+ */
+export async function migrateDatabase(
+  databaseUrl: string,
+  options: MigrateDatabaseOptions = {},
+): Promise<number[]> {
+  const sql = createPool({ url: databaseUrl, max: 1, applicationName: "poimen-migrate" });
+  try {
+    return await migrate(sql, loadMigrations(), options.log ?? silentLogger);
+  } finally {
+    await sql.end({ timeout: 5 });
+  }
+}
