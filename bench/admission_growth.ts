@@ -27,6 +27,7 @@ import { loadMigrations, migrate } from "../db/migrate.ts";
 import { silentLogger } from "../core/log.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
+import { StaticCatalog } from "../admission/catalog.ts";
 import { SECOND } from "../core/time.ts";
 import { adminUrl, benchCommandLine, BenchEnv, exitUsage } from "./bench_command_line.ts";
 
@@ -85,7 +86,10 @@ async function grow(sql: Sql, from: number, to: number): Promise<void> {
 }
 
 function kernel(sql: Sql) {
-  const admission = new Admission(sql, builtinRegistry(), { maxBatch: 128, maxConcurrent: 2 });
+  const admission = new Admission(sql, new StaticCatalog(builtinRegistry().catalogVersions()), {
+    maxBatch: 128,
+    maxConcurrent: 2,
+  });
   return (key: string) =>
     admission.admit({ workflow_ref: "echo", input: { n: 1 }, dispatch_key: key }, {
       tenantId: TENANT,

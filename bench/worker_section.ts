@@ -7,6 +7,7 @@ import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant } from "../db/auth.ts";
 import { Admission } from "../admission/admit.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
+import { StaticCatalog } from "../admission/catalog.ts";
 import { PoimenProcess } from "../dev/processes.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { type BenchContext, check, log } from "./run_context.ts";
@@ -21,10 +22,14 @@ export async function workerSection(ctx: BenchContext, admin: Sql) {
     for (let round = 1; round <= ctx.cfg.rounds; round++) {
       // poimen: runs admitted through the kernel, then one worker process.
       const kernelSql = createPool({ url, max: 4, applicationName: "bench-admit" });
-      const kernel = new Admission(kernelSql, builtinRegistry(), {
-        maxBatch: 500,
-        maxConcurrent: 2,
-      });
+      const kernel = new Admission(
+        kernelSql,
+        new StaticCatalog(builtinRegistry().catalogVersions()),
+        {
+          maxBatch: 500,
+          maxConcurrent: 2,
+        },
+      );
       const tenant = `w${round}`;
       await insertTenant(sql, tenant);
       for (let i = 0; i < ctx.cfg.workerJobs; i += 2000) {

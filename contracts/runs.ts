@@ -204,7 +204,15 @@ export const RunRequest = z.strictObject({
 export type RunRequest = z.infer<typeof RunRequest>;
 
 /** Where a run is in its lifecycle. */
-export const RunStatus = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
+export const RunStatus: z.ZodEnum<
+  {
+    queued: "queued";
+    running: "running";
+    succeeded: "succeeded";
+    failed: "failed";
+    cancelled: "cancelled";
+  }
+> = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
 export type RunStatus = z.infer<typeof RunStatus>;
 
 /** A run as the API returns it. */

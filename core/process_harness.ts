@@ -29,7 +29,7 @@ export interface Part {
   /** Named in the log lines about starting and stopping. */
   readonly name: string;
   /** `signal` is aborted when the stop is asked for while this part still starts. */
-  start?(signal: AbortSignal): Promise<void>;
+  start?(signal?: AbortSignal): Promise<void>;
   stop?(): Promise<void>;
 }
 

@@ -8,6 +8,8 @@
  */
 import { createPool, type Sql } from "./pool.ts";
 import type { Logger } from "../core/log.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { registerVersions } from "./catalog.ts";
 import { MIGRATIONS } from "../migrations/embedded.ts";
 
 // An arbitrary constant shared by every poimen process: "poimen migrations".
@@ -57,7 +59,21 @@ export async function migrate(
       log.info("migration applied", { version: m.version, name: m.name });
     }
   }
+  await seedBuiltinWorkflows(sql);
   return applied;
+}
+
+/**
+ * Registers poimen's own workflows (echo, sleep, fail) in the catalog, as a
+ * worker hosting them would, so a fresh installation admits them before any
+ * worker started (their runs wait for one). Never overwrites: a registered
+ * version is immutable, and a worker with another definition refuses to start.
+ */
+async function seedBuiltinWorkflows(sql: Sql): Promise<void> {
+  const [{ present }] = await sql<{ present: boolean }[]>`
+    select to_regclass('workflow_versions') is not null as present`;
+  if (!present) return;
+  await registerVersions(sql, builtinRegistry().catalogVersions(), "poimen migrate");
 }
 
 /**

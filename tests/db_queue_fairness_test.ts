@@ -110,7 +110,9 @@ Deno.test("fairness: with more tenants than slots, each claim serves the tenants
     }
     const rounds: string[][] = [];
     for (let i = 0; i < 3; i++) {
-      rounds.push((await claimRuns(db.sql, "w1", 2, LEASE_MS, BUILTIN_HOSTED)).map((r) => r.tenant_id).sort());
+      rounds.push(
+        (await claimRuns(db.sql, "w1", 2, LEASE_MS, BUILTIN_HOSTED)).map((r) => r.tenant_id).sort(),
+      );
     }
     assert.deepEqual(rounds, [["a", "b"], ["c", "d"], ["e", "f"]]);
   });

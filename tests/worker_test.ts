@@ -42,7 +42,10 @@ async function setup(
 ): Promise<{ db: TestDatabase; admit: (ref: string, input: unknown) => Promise<string> }> {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
-  const admission = new Admission(db.sql, catalogOf(admissionRegistry), { maxBatch: 64, maxConcurrent: 4 });
+  const admission = new Admission(db.sql, catalogOf(admissionRegistry), {
+    maxBatch: 64,
+    maxConcurrent: 4,
+  });
   const admit = async (workflow_ref: string, input: unknown) => {
     const { run } = await admission.admit({ workflow_ref, input }, {
       tenantId: TENANT,

@@ -12,7 +12,6 @@ import { SECOND } from "../core/time.ts";
 import { createPool } from "../db/pool.ts";
 import type { Workflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
-import type { WorkerHooks } from "./hooks.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 import { Worker } from "./worker.ts";
 import { defaultWorkerId } from "./config.ts";
@@ -42,8 +41,6 @@ export interface CreateWorkerOptions {
   poolSize?: number;
   /** Where log lines go; JSON lines on stderr at `info` by default. */
   log?: Logger;
-  /** Called on claims, outcomes and fenced writes (metrics). */
-  hooks?: WorkerHooks;
 }
 
 /** A running (or startable) worker: `start()` once, `stop()` any number of times. */
@@ -86,7 +83,6 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
     shutdownMs: options.shutdownMs ?? 10 * SECOND,
     resultMaxBytes: options.resultMaxBytes ?? DEFAULT_RUN_RESULT_MAX_BYTES,
     log,
-    hooks: options.hooks,
     listener: () =>
       createPool({
         url: options.databaseUrl,

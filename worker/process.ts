@@ -64,7 +64,7 @@ export async function loadWorkflows(path: string): Promise<Workflow[]> {
   const found = new Set<Workflow>();
   for (const value of Object.values(exports)) {
     if (isWorkflow(value)) found.add(value);
-    else if (Array.isArray(value)) for (const v of value) if (isWorkflow(v)) found.add(v);
+    else if (Array.isArray(value)) { for (const v of value) if (isWorkflow(v)) found.add(v); }
   }
   if (found.size === 0) {
     throw new ConfigError(

@@ -40,7 +40,6 @@ import { createWorkerMetrics } from "./metrics.ts";
 import { Worker } from "./worker.ts";
 
 export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
-export type { AttemptOutcome, FencedStatement, WorkerHooks } from "./hooks.ts";
 export type { Workflow, WorkflowContext } from "../workflows/define.ts";
 
 /** What `runWorker` takes. */

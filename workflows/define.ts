@@ -29,6 +29,16 @@ import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 
 export type { Logger } from "../core/log.ts";
+/**
+ * What `input` takes: a zod 4 schema (`z.object({...})` and the like), seen
+ * by what a worker uses of it.
+ */
+export interface InputSchema<I> {
+  /** zod's `safeParse`: the parsed value, or the issues. */
+  safeParse(value: unknown):
+    | { success: true; data: I }
+    | { success: false; error: { issues: readonly { path: PropertyKey[]; message: string }[] } };
+}
 
 /** What a handler gets besides its input. */
 export interface WorkflowContext {
@@ -63,7 +73,7 @@ export interface WorkflowOptions<I = unknown> {
    * failure there ends the run `failed` with code `invalid-input`, at once.
    * The handler gets the parsed value.
    */
-  input: z.ZodType<I>;
+  input: InputSchema<I>;
   /** Attempts before the run is `failed` (1–1000); unset: the API's DEFAULT_MAX_ATTEMPTS. */
   maxAttempts?: number;
   /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
@@ -76,7 +86,6 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
 export interface Workflow<I = unknown> extends Readonly<WorkflowOptions<I>> {
   /** The input as JSON Schema (draft 2020-12), as the catalog stores it. */
   readonly inputSchema: Readonly<Record<string, unknown>>;
-  readonly [DEFINED]: true;
 }
 
 /**
@@ -99,7 +108,7 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
   if (typeof options.handler !== "function") {
     throw new TypeError(`workflow ${label}: handler must be a function`);
   }
-  if (!(options.input instanceof z.ZodType) && !isZodLike(options.input)) {
+  if (!isZodLike(options.input)) {
     throw new TypeError(`workflow ${label}: input must be a zod schema`);
   }
   return Object.freeze({
@@ -109,8 +118,9 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
     maxAttempts: max,
     handler: options.handler,
     inputSchema: Object.freeze(inputJsonSchema(options.input)),
-    [DEFINED]: true as const,
-  });
+    // Marks what defineWorkflow made (isWorkflow), across copies of this module.
+    [DEFINED]: true,
+  }) as Workflow<I>;
 }
 
 /** Whether `value` was made by `defineWorkflow` (in any copy of this module). */
@@ -124,15 +134,15 @@ export function isWorkflow(value: unknown): value is Workflow {
  * (dates, custom types) become `{}`, which admits anything: the worker's
  * parse with the full schema is the last word.
  */
-function inputJsonSchema(schema: z.ZodType): Record<string, unknown> {
-  return z.toJSONSchema(schema, { io: "input", unrepresentable: "any" }) as Record<
+function inputJsonSchema(schema: unknown): Record<string, unknown> {
+  return z.toJSONSchema(schema as z.ZodType, { io: "input", unrepresentable: "any" }) as Record<
     string,
     unknown
   >;
 }
 
-// A schema from another copy of zod 4 (a project pinning a different patch
-// release): toJSONSchema and safeParse work on its `_zod` internals.
+// Any zod 4 schema, also from another copy of zod 4 (a project pinning
+// another release): toJSONSchema and safeParse work on its `_zod` internals.
 function isZodLike(value: unknown): boolean {
   return typeof value === "object" && value !== null && "_zod" in value &&
     typeof (value as { safeParse?: unknown }).safeParse === "function";
