@@ -52,3 +52,8 @@ export async function notifyQueued(sql: Sql): Promise<void> {
  * workflow, so a lost one only delays.
  */
 export const CATALOG_CHANNEL = "poimen_catalog";
+
+/** `NOTIFY poimen_catalog`: after a registration, or a worker's start or stop, committed. */
+export async function notifyCatalog(sql: Sql): Promise<void> {
+  await sql`select pg_notify(${CATALOG_CHANNEL}, '')`;
+}

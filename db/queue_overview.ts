@@ -9,6 +9,8 @@
  * - the tenant is compared in collation "C", as the queue index keys it
  *   (migration 003): the primary key cannot serve those clauses, so a
  *   tenant's queued runs are never found by walking all its runs;
+ * - the oldest due run is the oldest of each catalog version's head (one
+ *   probe per version: the queue index is keyed by version, migration 008);
  * - running runs are read through the lease index (every running run holds
  *   a lease), which is as small as the workers' concurrency;
  * - admissions per minute walk the primary key from the first UUIDv7 run id
@@ -47,9 +49,14 @@ export async function selectTenantQueue(sql: Sql, tenantId: string): Promise<Ten
       (select count(*) from runs
         where tenant_id collate "C" = ${tenantId}
           and status = 'running' and lease_expires_at is not null)::int as running,
-      (select extract(epoch from now() - min(run_after)) from runs
-        where tenant_id collate "C" = ${tenantId}
-          and status = 'queued' and run_after <= now())::float8 as oldest`;
+      (select extract(epoch from now() - min(h.run_after))
+         from workflow_versions v
+        cross join lateral (
+              select r.run_after from runs r
+               where r.tenant_id collate "C" = ${tenantId} and r.status = 'queued'
+                 and r.workflow_name = v.name and r.workflow_version = v.version
+                 and r.run_after <= now()
+               order by r.run_after limit 1) h)::float8 as oldest`;
   return {
     queued: r.queued,
     due: r.due,

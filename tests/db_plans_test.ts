@@ -106,7 +106,7 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
-      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
     },
     {
       name: "queue: heartbeat",
@@ -164,12 +164,12 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: queueStats",
       call: (sql) => queueStats(sql),
-      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
     },
     {
       name: "console: selectTenantQueue",
       call: (sql) => selectTenantQueue(sql, s.tenant),
-      indexes: { runs: ["runs_queued_tenant_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
     },
     {
       name: "console: selectAdmissionsPerMinute",

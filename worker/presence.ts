@@ -4,14 +4,15 @@
  * catalog holds another definition of one — and then keeps a liveness row
  * saying which versions it hosts, renewed while it runs and deleted when it
  * stops, so the API can say of a queued run that no live worker hosts its
- * version. Each change is announced on `poimen_catalog` after it committed.
+ * version. A registration of new versions is announced on `poimen_catalog`
+ * after it committed.
  */
 import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
 import { registerVersions, removeWorker, renewWorker } from "../db/catalog.ts";
-import { CATALOG_CHANNEL, notifyChannels } from "../db/notify.ts";
+import { notifyCatalog } from "../db/notify.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 
@@ -58,10 +59,11 @@ export class WorkerPresence implements Service {
     const give = signal ? AbortSignal.any([signal, this.#stopping.signal]) : this.#stopping.signal;
     for (let attempt = 0; !give.aborted; attempt++) {
       try {
-        await this.#register();
+        const created = await this.#register();
         await renewWorker(this.#sql, this.#id, this.#registry.list(), PRESENCE_TTL_MS);
         this.#registered = true;
-        await this.#announce();
+        // APIs learn new versions from it; what a worker hosts they read when asked.
+        if (created > 0) await this.#announce();
         this.#renewing = this.#renewLoop();
         return;
       } catch (err) {
@@ -79,14 +81,15 @@ export class WorkerPresence implements Service {
     if (!this.#registered) return;
     try {
       await removeWorker(this.#sql, this.#id);
-      await this.#announce();
     } catch (err) {
       // Its row expires by itself within PRESENCE_TTL_MS.
       this.#log.warn("could not remove the worker's liveness row", { error: err });
     }
   });
 
-  async #register(): Promise<void> {
+  /** Registers the hosted versions; resolves with how many were new. */
+  async #register(): Promise<number> {
+    let created = 0;
     let pending = this.#registry.catalogVersions();
     for (let round = 0; pending.length > 0; round++) {
       const found = await registerVersions(this.#sql, pending, this.#id);
@@ -100,6 +103,7 @@ export class WorkerPresence implements Service {
         );
       }
       for (const r of found.filter((r) => r.created)) {
+        created++;
         this.#log.info("workflow version registered", { workflow: `${r.name}@${r.version}` });
       }
       const unsettled = new Set(
@@ -110,6 +114,7 @@ export class WorkerPresence implements Service {
         throw new Error(`registration of ${[...unsettled].join(", ")} did not settle`);
       }
     }
+    return created;
   }
 
   async #renewLoop(): Promise<void> {
@@ -126,7 +131,7 @@ export class WorkerPresence implements Service {
 
   async #announce(): Promise<void> {
     try {
-      await notifyChannels(this.#sql, [CATALOG_CHANNEL]);
+      await notifyCatalog(this.#sql);
     } catch (err) {
       // APIs refresh on a timer too.
       this.#log.warn("catalog notify failed", { error: err });
