@@ -1,0 +1,97 @@
+import assert from "node:assert/strict";
+import { z } from "zod";
+import { Admission } from "../admission/admit.ts";
+import { compileVersion, StaticCatalog, WorkflowCatalog } from "../admission/catalog.ts";
+import { type PoimenError } from "../core/errors.ts";
+import { silentLogger } from "../core/log.ts";
+import { insertTenant } from "../db/auth.ts";
+import { registerVersions } from "../db/catalog.ts";
+import { createPool } from "../db/pool.ts";
+import { defineWorkflow } from "../workflows/define.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { freshDatabase } from "./support/db.ts";
+
+const handler = () => Promise.resolve(null);
+const order = defineWorkflow({
+  name: "shop.order",
+  version: 1,
+  input: z.object({
+    sku: z.string().regex(/^[A-Z]{3}-\d+$/),
+    email: z.email(),
+    lines: z.array(z.object({ qty: z.number().int().min(1) }).strict()).max(3),
+  }),
+  handler,
+});
+
+Deno.test("catalog: a failing input is reported per field under input, with readable messages", () => {
+  const v = compileVersion(new WorkflowRegistry([order]).catalogVersions()[0]);
+  assert.equal(v.validate({ sku: "ABC-1", email: "a@b.co", lines: [{ qty: 1 }] }), undefined);
+  const errors = v.validate({
+    sku: "abc",
+    email: "nope",
+    lines: [{ qty: 0 }, { qty: 1, extra: true }],
+  });
+  assert.deepEqual(errors, [
+    { path: "input.sku", message: "does not match the pattern" },
+    { path: "input.email", message: "must be a valid email" },
+    { path: "input.lines[0].qty", message: "must be >= 1" },
+    { path: "input.lines[1].extra", message: "is not allowed" },
+  ]);
+  assert.deepEqual(v.validate({ sku: "ABC-1", lines: [] }), [
+    { path: "input.email", message: "is required" },
+  ]);
+});
+
+Deno.test("catalog: name resolves to the newest version, name@version to that one, an unknown ref to nothing", () => {
+  const versions = [1, 3, 2].map((version) =>
+    defineWorkflow({ name: "w", version, input: z.unknown(), handler })
+  );
+  const catalog = new StaticCatalog(new WorkflowRegistry(versions).catalogVersions());
+  assert.equal(catalog.resolve("w")?.version, 3);
+  assert.equal(catalog.resolve("w@2")?.version, 2);
+  assert.equal(catalog.resolve("w@4"), undefined);
+  assert.equal(catalog.resolve("x"), undefined);
+  assert.deepEqual(catalog.list(), ["w@1", "w@2", "w@3"]);
+});
+
+Deno.test("catalog: a version registered without a NOTIFY reaching the API is found by the refresh an unknown workflow makes; admission pins it and takes its max attempts", async () => {
+  const db = await freshDatabase();
+  const catalog = new WorkflowCatalog(db.sql, {
+    refreshMs: 3_600_000,
+    // Listens on a pool no one notifies on: only the refresh on a miss can help.
+    listen: () => createPool({ url: db.url, max: 1, applicationName: "catalog-test-listen" }),
+    log: silentLogger,
+    missRefreshMs: 0,
+  });
+  const admission = new Admission(db.sql, catalog, { maxBatch: 8, maxConcurrent: 1 });
+  try {
+    await insertTenant(db.sql, "acme");
+    await catalog.start();
+    assert.equal(catalog.resolve("shop.order"), undefined);
+    const registry = new WorkflowRegistry([
+      defineWorkflow({ ...order, maxAttempts: 7 }),
+    ]);
+    await registerVersions(db.sql, registry.catalogVersions(), "test");
+    const ctx = { tenantId: "acme", source: "test", entry: "http" as const };
+    const { run } = await admission.admit({
+      workflow_ref: "shop.order",
+      input: { sku: "ABC-1", email: "a@b.co", lines: [] },
+    }, ctx);
+    assert.equal(run.workflow_version, 1);
+    assert.equal(run.max_attempts, 7);
+    await assert.rejects(
+      () => admission.admit({ workflow_ref: "shop.order", input: { sku: 1 } }, ctx),
+      (e: PoimenError) =>
+        e.code === "validation" && e.errors?.some((f) => f.path === "input.sku") === true,
+    );
+    await assert.rejects(
+      () => admission.admit({ workflow_ref: "shop.nothing", input: {} }, ctx),
+      (e: PoimenError) =>
+        e.code === "unknown-workflow" && /registered: echo@1, fail@1, shop.order@1/.test(e.message),
+    );
+  } finally {
+    await catalog.stop();
+    await catalog.stop();
+    await db.drop();
+  }
+});

@@ -1,0 +1,114 @@
+import assert from "node:assert/strict";
+import { z } from "zod";
+import { defineWorkflow, isWorkflow } from "../workflows/define.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { loadWorkflows } from "../worker/process.ts";
+import { ConfigError } from "../core/errors.ts";
+
+const handler = () => Promise.resolve(null);
+
+Deno.test("defineWorkflow: keeps the definition, adds its input as JSON Schema (input side), and marks it", () => {
+  const wf = defineWorkflow({
+    name: "billing.invoice",
+    version: 2,
+    maxAttempts: 5,
+    input: z.object({ n: z.number().int().min(1), note: z.string().optional() }),
+    handler,
+  });
+  assert.equal(isWorkflow(wf), true);
+  assert.equal(
+    isWorkflow({ name: wf.name, version: wf.version, input: wf.input, handler }),
+    false,
+    "a look-alike is not a definition",
+  );
+  assert.equal(wf.maxAttempts, 5);
+  assert.deepEqual(wf.inputSchema.required, ["n"]);
+  assert.deepEqual((wf.inputSchema.properties as Record<string, unknown>).n, {
+    type: "integer",
+    minimum: 1,
+    maximum: Number.MAX_SAFE_INTEGER,
+  });
+  assert.ok(Object.isFrozen(wf));
+});
+
+Deno.test("defineWorkflow: a bad name, version, maxAttempts, input or handler throws a TypeError naming the workflow", () => {
+  const ok = { name: "a", version: 1, input: z.unknown(), handler };
+  for (
+    const [bad, pattern] of [
+      [{ ...ok, name: "Bad Name" }, /Bad Name@1: name must match/],
+      [{ ...ok, version: 0 }, /a@0: version must be/],
+      [{ ...ok, version: 1.5 }, /version must be/],
+      [{ ...ok, maxAttempts: 0 }, /maxAttempts must be/],
+      [{ ...ok, input: { parse: () => 1 } }, /input must be a zod schema/],
+      [{ ...ok, handler: "no" }, /handler must be a function/],
+    ] as const
+  ) {
+    assert.throws(() => defineWorkflow(bad as never), (e: unknown) => {
+      assert.ok(e instanceof TypeError);
+      assert.match(e.message, pattern);
+      return true;
+    });
+  }
+});
+
+Deno.test("defineWorkflow: what JSON Schema cannot say (a refinement, a transform, a date) admits anything at the door", () => {
+  const wf = defineWorkflow({
+    name: "odd",
+    version: 1,
+    input: z.object({
+      even: z.number().refine((n) => n % 2 === 0),
+      len: z.string().transform((s) => s.length),
+      when: z.date(),
+    }),
+    handler,
+  });
+  const props = wf.inputSchema.properties as Record<string, unknown>;
+  assert.deepEqual(props.even, { type: "number" });
+  assert.deepEqual(props.len, { type: "string" });
+  assert.deepEqual(props.when, {});
+});
+
+Deno.test("registry: one name@version twice is refused naming it; claims and the catalog see every hosted version", () => {
+  const a = defineWorkflow({ name: "a", version: 1, input: z.unknown(), handler });
+  const a2 = defineWorkflow({ name: "a", version: 2, input: z.unknown(), maxAttempts: 2, handler });
+  assert.throws(() => new WorkflowRegistry([a, a]), /workflow a@1 is given twice/);
+  const r = new WorkflowRegistry([a2, a]);
+  assert.deepEqual(r.list(), ["a@1", "a@2"]);
+  assert.deepEqual(r.hosted(), { names: ["a", "a"], versions: [2, 1] });
+  assert.deepEqual(r.catalogVersions().map((v) => [v.version, v.max_attempts]), [[2, 2], [
+    1,
+    null,
+  ]]);
+  assert.equal(r.resolve("a@2"), a2);
+  assert.equal(r.resolve("a"), undefined, "a worker runs pinned versions only");
+});
+
+Deno.test("--workflows: takes every defineWorkflow export and those in exported arrays, once each; a module with none, or that cannot load, is a ConfigError naming it", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const define = new URL("../workflows/define.ts", import.meta.url).href;
+    await Deno.writeTextFile(
+      `${dir}/mod.ts`,
+      `import { z } from "zod";
+import { defineWorkflow } from "${define}";
+export const one = defineWorkflow({ name: "one", version: 1, input: z.unknown(), handler: () => Promise.resolve(1) });
+const two = defineWorkflow({ name: "two", version: 1, input: z.unknown(), handler: () => Promise.resolve(2) });
+export default [one, two];
+export const notAWorkflow = { name: "three", version: 1 };
+`,
+    );
+    await Deno.writeTextFile(`${dir}/none.ts`, `export const x = 1;\n`);
+    const found = await loadWorkflows(`${dir}/mod.ts`);
+    assert.deepEqual(found.map((w) => w.name).sort(), ["one", "two"]);
+    await assert.rejects(
+      () => loadWorkflows(`${dir}/none.ts`),
+      (e: unknown) => e instanceof ConfigError && /none\.ts: exports no workflow/.test(e.message),
+    );
+    await assert.rejects(
+      () => loadWorkflows(`${dir}/missing.ts`),
+      (e: unknown) => e instanceof ConfigError && /missing\.ts: cannot load it/.test(e.message),
+    );
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
