@@ -13,7 +13,7 @@ import {
 } from "../contracts/topics.ts";
 import type { PendingEvent } from "../db/outbox.ts";
 import { toMessage } from "../outbox/event_message.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
+import { catalogOf } from "./support/catalog.ts";
 
 Deno.test("contracts: the tenants table checks tenant ids with the contract's pattern", async () => {
   const sql = await Deno.readTextFile(
@@ -45,10 +45,10 @@ Deno.test("contracts: a workflow_ref the registry could never resolve is refused
   for (const ref of ["echo@0", "Echo", "echo@", "a".repeat(101), "echo@01"]) {
     assert.equal(accepts(ref), false, ref);
   }
-  const registry = builtinRegistry();
+  const catalog = catalogOf();
   for (const ref of ["echo", "echo@1", "sleep"]) {
     assert.ok(accepts(ref), ref);
-    assert.ok(registry.resolve(ref), ref);
+    assert.ok(catalog.resolve(ref), ref);
   }
   assert.ok(accepts("echo@999999999"));
   assert.ok(accepts(`${"a".repeat(100)}@1`));
