@@ -83,6 +83,8 @@ const SPARE_FLUSH_AFTER_MS = 10;
 // A key whose row vanished between the conflict and the follow-up select
 // (deleted meanwhile) is tried again; more than this many times is a bug.
 const MAX_ROUNDS = 5;
+// An unknown workflow's problem names at most this many registered ones.
+const MAX_NAMED = 20;
 // The follow-up select after a committed insert: tried this often, waiting
 // 50, then 100 ms, before the items it had to read fail.
 const FOLLOW_UP_ATTEMPTS = 3;
@@ -155,10 +157,13 @@ export class Admission {
     const wf = this.#workflows.resolve(req.workflow_ref);
     if (wf) return wf;
     const known = this.#workflows.list();
+    const named = known.length > MAX_NAMED
+      ? `${known.slice(0, MAX_NAMED).join(", ")} and ${known.length - MAX_NAMED} more`
+      : known.join(", ");
     throw new PoimenError(
       "unknown-workflow",
       `unknown workflow ${JSON.stringify(req.workflow_ref)}; registered: ${
-        known.length > 0 ? known.join(", ") : "none (no worker has registered a workflow yet)"
+        known.length > 0 ? named : "none (no worker has registered a workflow yet)"
       }`,
       { errors: [{ path: "workflow_ref", message: "unknown workflow" }] },
     );
