@@ -428,6 +428,42 @@ Deno.test("worker: a run pinned to a version no running worker hosts stays queue
   }
 });
 
+Deno.test("worker: in a rolling deploy a v1 worker and a v2 worker side by side each run the runs pinned to their version", async () => {
+  const step = (version: number) =>
+    defineWorkflow({
+      name: "deploy.step",
+      version,
+      input: z.object({ i: z.number() }),
+      handler: ({ i }) => Promise.resolve({ version, i }),
+    });
+  const [v1, v2] = [step(1), step(2)];
+  const { db, admit } = await setup(new WorkflowRegistry([v1, v2]));
+  const old = worker(db.sql, {}, new WorkflowRegistry([v1]));
+  const next = worker(db.sql, {}, new WorkflowRegistry([v2]));
+  try {
+    await old.start();
+    await next.start();
+    const pinned = new Map<string, number>();
+    for (let i = 0; i < 20; i++) {
+      const version = i % 2 === 0 ? 1 : 2;
+      pinned.set(await admit(`deploy.step@${version}`, { i }), version);
+    }
+    for (const [runId, version] of pinned) {
+      const row = await waitFor(`run ${runId}`, statusIs(db.sql, runId, "succeeded"), 10_000);
+      assert.deepEqual((row.result as { version: number }).version, version);
+      assert.equal(row.attempts, 1, "no attempt burnt on the worker without the version");
+      const [started] = await db.sql<{ worker: string }[]>`
+        select payload->>'worker' as worker from work_events
+         where run_id = ${runId} and type = 'run.started'`;
+      assert.equal(started.worker, version === 1 ? old.id : next.id);
+    }
+  } finally {
+    await old.stop();
+    await next.stop();
+    await db.drop();
+  }
+});
+
 Deno.test("worker: a second worker with another definition of a registered name@version refuses to start with a workflow-conflict error naming it", async () => {
   const { db } = await setup();
   const first = worker(db.sql);
