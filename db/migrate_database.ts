@@ -2,7 +2,8 @@
  * Migrating a database from the package: applies poimen's schema (the
  * migrations embedded in the package, so nothing is read from disk) to an
  * existing database, as `deno task migrate` does. It creates the tables and
- * nothing else: no database, no tenant, no token, no topic.
+ * registers the built-in workflows (echo, sleep, fail) in the workflow
+ * catalog, and nothing else: no database, no tenant, no token, no topic.
  *
  * ```ts
  * import { migrateDatabase } from "@poimen/poimen/migrate";

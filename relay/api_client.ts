@@ -55,8 +55,11 @@ export type TransientReason = ErrorCode | "network" | "timeout" | "unexpected-re
  * and the message is dead-lettered. A code is permanent only when it is on
  * this list AND the problem body says `retryable: false`; anything else is
  * retried. Deliberately NOT here:
- * - `unknown-workflow`: during a rolling deploy one API instance may not know
- *   a new workflow yet; retried for a grace period, then dead-lettered (see
+ * - `unknown-workflow`: no worker has ever registered the workflow in the
+ *   catalog (the API re-reads the catalog before saying so, so an API that
+ *   has not heard of a new version is not the cause). A dispatch producer may
+ *   start sending a new workflow before the first worker hosting it started:
+ *   retried for a grace period, then dead-lettered (see
  *   `InboxRelayOptions.unknownWorkflowGraceMs`).
  * - `unauthorized` / `forbidden`: the relay's token or the tenant row is
  *   wrong, an operator's fix; retried loudly, never shredding the queue.

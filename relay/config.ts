@@ -45,7 +45,8 @@ export const relayEnvSchema = z.object({
   RELAY_MAX_PENDING_BYTES: positiveInt(64 * MIB),
   /**
    * How long a message the API answers `unknown-workflow` is retried before
-   * it is dead-lettered: long enough for a rolling deploy to reach every API.
+   * it is dead-lettered: long enough for the first worker hosting a new
+   * workflow to start after its producers began sending it.
    */
   RELAY_UNKNOWN_WORKFLOW_GRACE_MS: millis(5 * MINUTE),
   /** Commits are batched: at most this long after a message is done… */

@@ -52,9 +52,10 @@ export interface InboxRelayOptions {
   backoffBaseMs: number;
   backoffCapMs: number;
   /**
-   * How long a message the API answers `unknown-workflow` is retried (a
-   * rolling deploy: another API instance may know it already) before it is
-   * dead-lettered; counted from its first such answer.
+   * How long a message the API answers `unknown-workflow` is retried (no
+   * worker has registered the workflow yet: its producers may have started
+   * before its first worker) before it is dead-lettered; counted from its
+   * first such answer.
    */
   unknownWorkflowGraceMs: number;
   lagIntervalMs: number;
