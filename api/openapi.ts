@@ -127,7 +127,7 @@ export const ROUTES: Route[] = [
   {
     method: "get",
     path: "/v1/runs/:run_id",
-    summary: "One run of the tenant, with its input",
+    summary: "One run of the tenant, with its input and, while queued, what it waits for",
     auth: true,
     params: RUN_ID,
     headers: TENANT_HEADER,

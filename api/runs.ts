@@ -10,6 +10,7 @@ import {
   selectRun,
   selectRunEvents,
   selectRuns,
+  type WaitingReason,
 } from "../db/runs.ts";
 import { requestCancel } from "../db/cancellation.ts";
 import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
@@ -22,6 +23,7 @@ import {
   type RunEvent,
   RunRequest,
   SourceHeader,
+  type WaitingFor,
 } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
@@ -38,8 +40,31 @@ export interface RunsDeps {
   bodyBudget?: { bytes: BodyBudget; waitMs: number; readTimeoutMs?: number };
 }
 
-/** A run row as JSON. */
-export function toRun(row: RunRow & { input?: unknown }): Run {
+/** What a queued run waits for, for people and programs; null for any other run. */
+export function waitingFor(
+  row: Pick<RunRow, "workflow_name" | "workflow_version" | "run_after">,
+  reason: WaitingReason | null,
+): WaitingFor | null {
+  switch (reason) {
+    case null:
+      return null;
+    case "worker": {
+      const workflow = `${row.workflow_name}@${row.workflow_version}`;
+      return { reason, workflow, detail: `no running worker hosts ${workflow}` };
+    }
+    case "schedule": {
+      const until = new Date(row.run_after).toISOString();
+      return { reason, until, detail: `scheduled: not due before ${until}` };
+    }
+    case "slot":
+      return { reason, detail: "due; waiting for a free worker slot" };
+  }
+}
+
+/** A run row as JSON; `waiting_for` when the row says what it waits for (selectRun's `waiting`). */
+export function toRun(
+  row: RunRow & { input?: unknown; waiting_reason?: WaitingReason | null },
+): Run {
   const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
   return {
     run_id: row.run_id,
@@ -62,6 +87,9 @@ export function toRun(row: RunRow & { input?: unknown }): Run {
     finished_at: iso(row.finished_at),
     run_after: iso(row.run_after)!,
     cancel_requested_at: iso(row.cancel_requested_at),
+    ...("waiting_reason" in row && row.waiting_reason !== undefined
+      ? { waiting_for: waitingFor(row, row.waiting_reason) }
+      : {}),
   };
 }
 
@@ -176,7 +204,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     const runId = c.req.param("run_id");
     // Not a uuid cannot be anyone's run: 404, not 422, so ids reveal nothing.
     const row = UUID_PATTERN.test(runId)
-      ? await selectRun(sql, c.get("principal").tenantId, runId)
+      ? await selectRun(sql, c.get("principal").tenantId, runId, { waiting: true })
       : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     return c.json(toRun(row));

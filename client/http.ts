@@ -229,7 +229,10 @@ export class PoimenClient {
     };
   }
 
-  /** One run of the tenant (`GET /v1/runs/{id}`); another tenant's run is a 404 `not-found`. */
+  /**
+   * One run of the tenant (`GET /v1/runs/{id}`), with `input` and `waiting_for`;
+   * another tenant's run is a 404 `not-found`.
+   */
   async getRun(runId: string, opts: RequestOptions = {}): Promise<Run> {
     const url = `${this.#runsUrl}/${encodeURIComponent(runId)}`;
     const { value } = await this.#retrying(opts, transient, (s) => this.#call("GET", url, s));

@@ -215,6 +215,23 @@ export const RunStatus: z.ZodEnum<
 > = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
 export type RunStatus = z.infer<typeof RunStatus>;
 
+/** Why a queued run has not started: `waiting_for` of GET /v1/runs/{run_id}. */
+export const WaitingReason: z.ZodEnum<{ worker: "worker"; schedule: "schedule"; slot: "slot" }> = z
+  .enum(["worker", "schedule", "slot"]);
+export type WaitingReason = z.infer<typeof WaitingReason>;
+
+/** What a queued run waits for, in the order it is checked. */
+export const WaitingFor = z.object({
+  reason: WaitingReason.describe(
+    "`worker`: no running worker hosts the run's workflow version; `schedule`: its run_after " +
+      "has not come; `slot`: it is due and a worker hosts it, and waits for a free slot",
+  ),
+  workflow: z.string().optional().describe("On `worker`: the version it waits for, `name@version`"),
+  until: z.string().optional().describe("On `schedule`: when it is due (its run_after)"),
+  detail: z.string().describe("The same for people"),
+});
+export type WaitingFor = z.infer<typeof WaitingFor>;
+
 /** A run as the API returns it. */
 export const Run = z.object({
   run_id: z.uuid(),
@@ -238,6 +255,10 @@ export const Run = z.object({
   run_after: z.string().describe("When the run is due: no attempt starts before"),
   cancel_requested_at: z.string().nullable().describe(
     "When a cancel was asked for; a running run ends `cancelled` once its worker sees it",
+  ),
+  waiting_for: WaitingFor.nullable().optional().describe(
+    "Only on GET /v1/runs/{run_id}: null unless the run is queued; for a queued run, what it " +
+      "waits for",
   ),
 });
 export type Run = z.infer<typeof Run>;
@@ -316,8 +337,9 @@ type Same<A, B> = (<T>() => T extends A ? 1 : 2) extends (<T>() => T extends B ?
 const sameShapes: [
   Same<RunRequest, Wire.RunRequest>,
   Same<RunStatus, Wire.RunStatus>,
+  Same<WaitingFor, Wire.WaitingFor>,
   Same<Run, Wire.Run>,
   Same<RunPage, Wire.RunPage>,
   Same<Problem, Wire.Problem>,
-] = [true, true, true, true, true];
+] = [true, true, true, true, true, true];
 void sameShapes;

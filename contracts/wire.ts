@@ -31,6 +31,23 @@ export interface RunRequest {
 /** Where a run is in its lifecycle. */
 export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
 
+/**
+ * What a queued run waits for (`waiting_for` of `GET /v1/runs/{run_id}`),
+ * checked in this order: `worker`, no running worker hosts its workflow
+ * version; `schedule`, its run_after has not come; `slot`, it is due and
+ * hosted, and waits for a free worker slot.
+ */
+export interface WaitingFor {
+  /** `worker`, `schedule` or `slot`. */
+  reason: "worker" | "schedule" | "slot";
+  /** On `worker`: the version it waits for, `name@version`. */
+  workflow?: string;
+  /** On `schedule`: when it is due (its run_after). */
+  until?: string;
+  /** The same for people. */
+  detail: string;
+}
+
 /** A run as the API returns it. */
 export interface Run {
   /** The run's id (a UUID). */
@@ -73,6 +90,8 @@ export interface Run {
   run_after: string;
   /** When a cancel was asked for; a running run ends `cancelled` once its worker sees it. */
   cancel_requested_at: string | null;
+  /** Only on `GET /v1/runs/{run_id}`: null unless queued; for a queued run, what it waits for. */
+  waiting_for?: WaitingFor | null;
 }
 
 /** One page of `GET /v1/runs`. */

@@ -6,6 +6,7 @@
  * queued run waits for.
  */
 import type { Sql } from "./pool.ts";
+import { QUEUED_TENANT_SCAN } from "./queue_sql.ts";
 
 /** One workflow version as the catalog keeps it. */
 export interface CatalogVersion {
@@ -121,12 +122,16 @@ export interface UnhostedQueue {
 
 /**
  * The catalog's versions that no live worker hosts and that have queued
- * runs, with how many (capped: each count reads that version's queued runs
- * and stops at `cap`). Versions are few; only unhosted ones are counted.
+ * runs, with how many (capped: each version's count stops at `cap`).
+ * Versions are few; only unhosted ones are counted. The queue index leads
+ * with the tenant (migration 008), so a version's queued runs are found per
+ * tenant with queued runs (QUEUED_TENANT_SCAN): one capped range of the
+ * index per tenant and version, never a read of all of `runs`.
  */
 export async function selectUnhostedQueues(sql: Sql, cap: number): Promise<UnhostedQueue[]> {
   return await sql<UnhostedQueue[]>`
-    with unhosted as materialized (
+    with recursive ${sql.unsafe(QUEUED_TENANT_SCAN)},
+    unhosted as materialized (
       select v.name, v.version, v.name || '@' || v.version as workflow
         from workflow_versions v
        where not exists (
@@ -137,10 +142,14 @@ export async function selectUnhostedQueues(sql: Sql, cap: number): Promise<Unhos
       from unhosted u
      cross join lateral (
            select count(*)::int as runs
-             from (select 1 from runs r
-                    where r.status = 'queued' and r.workflow_name = u.name
-                      and r.workflow_version = u.version
+             from (select 1 from queued_tenants t
+                    cross join lateral (
+                          select 1 from runs r
+                           where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
+                             and r.workflow_name = u.name and r.workflow_version = u.version
+                           limit ${cap}) x
+                    where t.tenant_id is not null
                     limit ${cap}) l) q
      where q.runs > 0
-     order by u.workflow`;
+     order by u.name, u.version`;
 }

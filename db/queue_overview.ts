@@ -14,7 +14,9 @@
  * - running runs are read through the lease index (every running run holds
  *   a lease), which is as small as the workers' concurrency;
  * - admissions per minute walk the primary key from the first UUIDv7 run id
- *   of the window: run ids are admission-time ordered.
+ *   of the window: run ids are admission-time ordered;
+ * - the versions the tenant's queued runs wait on with no live worker are
+ *   counted per catalog version not hosted, one capped range each.
  */
 import type { Sql } from "./pool.ts";
 
@@ -63,6 +65,44 @@ export async function selectTenantQueue(sql: Sql, tenantId: string): Promise<Ten
     running: r.running,
     oldestDueSeconds: Math.max(0, r.oldest ?? 0),
   };
+}
+
+/** One workflow version the tenant's queued runs wait on, which no live worker hosts. */
+export interface WaitingVersion {
+  /** `name@version`. */
+  workflow: string;
+  /** The tenant's queued runs of it (at most `COUNT_CAP`). */
+  runs: number;
+}
+
+/**
+ * The catalog's versions that no live worker hosts and of which the tenant
+ * has queued runs, with how many (capped), by workflow. The catalog and the
+ * live workers are small; each unhosted version is one range of the queue
+ * index (tenant in collation "C", name, version), stopped at `COUNT_CAP`.
+ */
+export async function selectTenantWaitingVersions(
+  sql: Sql,
+  tenantId: string,
+): Promise<WaitingVersion[]> {
+  // Materialized: the versions are filtered before any of runs is read.
+  return await sql<WaitingVersion[]>`
+    with unhosted as materialized (
+      select v.name, v.version from workflow_versions v
+       where not exists (
+             select 1 from workflow_workers w
+              where w.expires_at > now() and v.name || '@' || v.version = any (w.workflows))
+    )
+    select u.name || '@' || u.version as workflow, q.runs
+      from unhosted u
+     cross join lateral (
+           select count(*)::int as runs
+             from (select 1 from runs r
+                    where r.tenant_id collate "C" = ${tenantId} and r.status = 'queued'
+                      and r.workflow_name = u.name and r.workflow_version = u.version
+                    limit ${COUNT_CAP}) l) q
+     where q.runs > 0
+     order by u.name, u.version`;
 }
 
 /** Runs admitted in one minute. */

@@ -36,16 +36,13 @@
 export const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_key, payload, at";
 
 /**
- * Two CTEs for a `with recursive`: `queued_tenants`, the tenants with queued
+ * A CTE for a `with recursive`: `queued_tenants`, the tenants with queued
  * runs in collation "C" order (a loose index scan of
  * runs_queued_workflow_idx's leading column, one probe per tenant however
- * long its queue, ending with a null row), and `heads`, each such tenant's
- * oldest due run among the workflow versions in a CTE `versions (name,
- * version)` that the statement defines before these: one probe per tenant
- * and version, each the head of one index range (migration 008). Collation
- * "C" is the index's: no other index can serve the probes (see migrations/003).
+ * long its queue), ending with a null row. Collation "C" is the index's: no
+ * other index can serve the probes (see migrations/003).
  */
-export const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
+export const QUEUED_TENANT_SCAN = `queued_tenants (tenant_id) as (
       (select tenant_id collate "C" from runs
         where status = 'queued'
         order by tenant_id collate "C" limit 1)
@@ -55,7 +52,16 @@ export const QUEUED_TENANTS = `queued_tenants (tenant_id) as (
                order by r.tenant_id collate "C" limit 1)
         from queued_tenants t
        where t.tenant_id is not null
-    ),
+    )`;
+
+/**
+ * Two CTEs for a `with recursive`: `queued_tenants` (QUEUED_TENANT_SCAN)
+ * and `heads`, each such tenant's oldest due run among the workflow
+ * versions in a CTE `versions (name, version)` that the statement defines
+ * before these: one probe per tenant and version, each the head of one
+ * index range (migration 008).
+ */
+export const QUEUED_TENANTS = `${QUEUED_TENANT_SCAN},
     -- Each such tenant's oldest due run of those versions: its place in line.
     heads as (
       select t.tenant_id, h.run_after

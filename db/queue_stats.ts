@@ -1,8 +1,11 @@
 /**
- * The queue's size and the age of its oldest due run, for the workers'
- * metrics (per tenant, for the console: db/queue_overview.ts).
+ * The queue's size, the age of its oldest due run and the queued runs no
+ * live worker can take, for the workers' metrics (per tenant, for the
+ * console: db/queue_overview.ts).
  */
 import type { Sql } from "./pool.ts";
+import { selectUnhostedQueues, type UnhostedQueue } from "./catalog.ts";
+import { COUNT_CAP } from "./queue_overview.ts";
 import { CATALOG_VERSIONS, QUEUED_TENANTS } from "./queue_sql.ts";
 
 /** The queue at a glance, for metrics. */
@@ -11,6 +14,11 @@ export interface QueueStats {
   byStatus: { queued: number; running: number };
   /** Seconds since the oldest due queued run became due; 0 when none is due. */
   oldestQueuedAgeSeconds: number;
+  /**
+   * Per version no live worker hosts, its queued runs (at most `COUNT_CAP`);
+   * versions without queued runs are absent.
+   */
+  waitingForWorker: UnhostedQueue[];
 }
 
 /**
@@ -21,7 +29,7 @@ export interface QueueStats {
  * while it holds a lease (a check constraint says so); the oldest due run is
  * the oldest of the tenants' heads, one probe per tenant with queued runs.
  */
-export async function queueStats(sql: Sql): Promise<QueueStats> {
+export async function queueCounts(sql: Sql): Promise<Omit<QueueStats, "waitingForWorker">> {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
     select (select count(*) from runs where status = 'queued')::int as queued,
@@ -32,4 +40,16 @@ export async function queueStats(sql: Sql): Promise<QueueStats> {
     byStatus: { queued: r.queued, running: r.running },
     oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),
   };
+}
+
+/**
+ * `queueCounts` and the unhosted versions' queued runs
+ * (`selectUnhostedQueues`), both at once: what one scrape reads.
+ */
+export async function queueStats(sql: Sql): Promise<QueueStats> {
+  const [counts, waitingForWorker] = await Promise.all([
+    queueCounts(sql),
+    selectUnhostedQueues(sql, COUNT_CAP),
+  ]);
+  return { ...counts, waitingForWorker };
 }

@@ -59,14 +59,41 @@ export function runColumns(alias?: string): string {
 }
 const RUN_COLUMNS = runColumns();
 
-/** One run of one tenant, with its input; undefined when absent or another tenant's. */
+/** What a queued run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
+export type WaitingReason = "worker" | "schedule" | "slot";
+
+/** A run as `selectRun` reads it: with its input, and what it waits for when asked. */
+export type RunDetailRow = RunRow & { input: unknown; waiting_reason?: WaitingReason | null };
+
+/**
+ * One run of one tenant, with its input; undefined when absent or another
+ * tenant's. With `waiting`, also `waiting_reason` (null unless queued),
+ * checked in this order in the same statement: `worker` when no live worker
+ * hosts its version (db/catalog.ts), `schedule` when its run_after has not
+ * come, else `slot`. The hosting probe reads workflow_workers, one row per
+ * live worker, and only for a queued run.
+ */
 export async function selectRun(
   sql: Sql,
   tenantId: string,
   runId: string,
-): Promise<(RunRow & { input: unknown }) | undefined> {
-  const [row] = await sql<(RunRow & { input: unknown })[]>`
-    select ${sql.unsafe(RUN_COLUMNS)}, input from runs
+  opts: { waiting?: boolean } = {},
+): Promise<RunDetailRow | undefined> {
+  const [row] = await sql<RunDetailRow[]>`
+    select ${sql.unsafe(RUN_COLUMNS)}, input
+           ${
+    opts.waiting
+      ? sql`, case when status <> 'queued' then null
+                   when not exists (
+                        select 1 from workflow_workers w
+                         where w.expires_at > now()
+                           and r.workflow_name || '@' || r.workflow_version = any (w.workflows))
+                     then 'worker'
+                   when run_after > now() then 'schedule'
+                   else 'slot' end as waiting_reason`
+      : sql``
+  }
+      from runs r
      where tenant_id = ${tenantId} and run_id = ${runId}`;
   return row;
 }

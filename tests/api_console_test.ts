@@ -16,6 +16,8 @@ import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
 import { CONSOLE_CSP } from "../api/console/console_routes.tsx";
 import { insertTenant, insertToken } from "../db/auth.ts";
+import { registerVersions, renewWorker } from "../db/catalog.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
 
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
@@ -233,6 +235,40 @@ Deno.test("console: pages, fragments and run events", async (t) => {
         select count(*)::int as n from runs where tenant_id = 'acme'`;
       assert.equal(admittedThisHour, n);
     });
+
+    await t.step(
+      "the queue fragment lists the versions waiting for a worker, per tenant",
+      async () => {
+        const sql = w.db.sql;
+        await registerVersions(sql, builtinRegistry().catalogVersions(), "console-test");
+        const run = await admit(w, w.acme, {});
+        const [{ ref }] = await sql<{ ref: string }[]>`
+        select workflow_name || '@' || workflow_version as ref from runs
+         where run_id = ${run.run_id}`;
+        const [{ n }] = await sql<{ n: number }[]>`
+        select count(*)::int as n from runs
+         where tenant_id = 'acme' and status = 'queued'
+           and workflow_name || '@' || workflow_version = ${ref}`;
+        const waiting = (text: string) =>
+          [...text.matchAll(/<tr data-workflow="([^"]+)"><td class="mono">[^<]*<\/td><td>(\d+)</g)]
+            .map((m) => [m[1], Number(m[2])]);
+        const ours = await get(w, "/console/fragments/queue", w.acme);
+        assert.deepEqual(waiting(ours.text), [[ref, n]]);
+        assert.ok(!ours.text.includes('id="no-waiting"'));
+        // globex has no queued run of it: nothing waits.
+        const theirs = await get(w, "/console/fragments/queue", w.globex);
+        assert.deepEqual(waiting(theirs.text), []);
+        assert.ok(
+          theirs.text.includes("Every queued run&#39;s version has a worker."),
+          theirs.text,
+        );
+        // A live worker hosting it: acme's runs wait for a slot, not a worker.
+        await renewWorker(sql, "console-test-worker", [ref], 60_000);
+        const hosted = await get(w, "/console/fragments/queue", w.acme);
+        assert.deepEqual(waiting(hosted.text), []);
+        assert.ok(hosted.text.includes('id="no-waiting"'));
+      },
+    );
   } finally {
     await w.db.drop();
   }

@@ -140,6 +140,15 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
   assert.deepEqual(doc.components.schemas.RunRequest, zodSchema(RunRequest, "input"));
   assert.deepEqual(doc.components.schemas.Run, zodSchema(Run, "output"));
   assert.deepEqual(doc.components.schemas.Problem, zodSchema(Problem, "output"));
+  // What a queued run waits for: one object, its reason an enum, documented.
+  const run = doc.components.schemas.Run as { properties: Record<string, unknown> };
+  const waiting = (run.properties.waiting_for as { anyOf: Record<string, unknown>[] }).anyOf[0] as {
+    properties: Record<string, { enum?: string[]; description?: string }>;
+    required: string[];
+  };
+  assert.deepEqual(waiting.properties.reason.enum, ["worker", "schedule", "slot"]);
+  assert.ok(waiting.properties.reason.description?.includes("no running worker"));
+  assert.deepEqual(waiting.required, ["reason", "detail"]);
   // RunPage refers to Run rather than repeating it.
   const page = doc.components.schemas.RunPage as { properties: Record<string, unknown> };
   assert.deepEqual(page.properties.runs, {

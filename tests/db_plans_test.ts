@@ -23,7 +23,8 @@ import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attemp
 import { requestCancel } from "../db/cancellation.ts";
 import { claimRuns } from "../db/claims.ts";
 import { heartbeat, reclaimExpired } from "../db/leases.ts";
-import { queueStats } from "../db/queue_stats.ts";
+import { queueCounts } from "../db/queue_stats.ts";
+import { selectUnhostedQueues } from "../db/catalog.ts";
 import {
   claimPendingEvents,
   markPublished,
@@ -31,7 +32,12 @@ import {
   parkEvents,
   purgePublished,
 } from "../db/outbox.ts";
-import { selectAdmissionsPerMinute, selectTenantQueue } from "../db/queue_overview.ts";
+import {
+  COUNT_CAP,
+  selectAdmissionsPerMinute,
+  selectTenantQueue,
+  selectTenantWaitingVersions,
+} from "../db/queue_overview.ts";
 import { selectRunEvents } from "../db/runs.ts";
 import { uuidv7Floor } from "../core/uuid.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
@@ -162,14 +168,24 @@ function hotStatements(s: Sample): HotStatement[] {
       indexes: { runs: ["runs_running_lease_idx"] },
     },
     {
-      name: "queue: queueStats",
-      call: (sql) => queueStats(sql),
+      name: "queue: queueCounts",
+      call: (sql) => queueCounts(sql),
       indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "queue: selectUnhostedQueues",
+      call: (sql) => selectUnhostedQueues(sql, COUNT_CAP),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
     },
     {
       name: "console: selectTenantQueue",
       call: (sql) => selectTenantQueue(sql, s.tenant),
       indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "console: selectTenantWaitingVersions",
+      call: (sql) => selectTenantWaitingVersions(sql, s.tenant),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
     },
     {
       name: "console: selectAdmissionsPerMinute",

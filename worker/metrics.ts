@@ -1,6 +1,7 @@
 /** The worker's Prometheus metrics, on a registry of its own (never prom-client's global one). */
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
+import { COUNT_CAP } from "../db/queue_overview.ts";
 import type { QueueStats } from "../db/queue_stats.ts";
 import type { WorkerHooks } from "./hooks.ts";
 
@@ -90,6 +91,22 @@ export function createWorkerMetrics(
     async collect() {
       const s = await fresh();
       if (s) this.set(s.oldestQueuedAgeSeconds);
+    },
+  });
+  new client.Gauge({
+    name: "poimen_runs_waiting_for_worker",
+    help:
+      `Queued runs (all tenants, at most ${COUNT_CAP} per version) of a workflow version no live worker hosts, by workflow (name@version)`,
+    labelNames: ["workflow"] as const,
+    registers,
+    async collect() {
+      const s = await fresh();
+      // A failed read keeps the last answer, as the gauges above do.
+      if (!s) return;
+      // Only what this scrape found: a version that got a worker, or whose
+      // runs are gone, disappears instead of repeating its last count.
+      this.reset();
+      for (const q of s.waitingForWorker) this.set({ workflow: q.workflow }, q.runs);
     },
   });
 

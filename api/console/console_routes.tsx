@@ -13,7 +13,11 @@ import { UUID_PATTERN, uuidv7Floor } from "../../core/uuid.ts";
 import { HEADERS, ListRunsQuery } from "../../contracts/runs.ts";
 import type { Sql } from "../../db/pool.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
-import { selectAdmissionsPerMinute, selectTenantQueue } from "../../db/queue_overview.ts";
+import {
+  selectAdmissionsPerMinute,
+  selectTenantQueue,
+  selectTenantWaitingVersions,
+} from "../../db/queue_overview.ts";
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
 import { parseQuery } from "../request.ts";
@@ -148,11 +152,20 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     const since = new Date(now.getTime() - 60 * 60_000);
     // A minute of slack below the id bound: ids come from the API's clock,
     // created_at from the database's.
-    const [queue, perMinute] = await Promise.all([
+    const [queue, waiting, perMinute] = await Promise.all([
       selectTenantQueue(sql, tenant),
+      selectTenantWaitingVersions(sql, tenant),
       selectAdmissionsPerMinute(sql, tenant, since, uuidv7Floor(since.getTime() - 60_000)),
     ]);
-    return c.html(<QueueFragment tenant={tenant} queue={queue} perMinute={perMinute} now={now} />);
+    return c.html(
+      <QueueFragment
+        tenant={tenant}
+        queue={queue}
+        waiting={waiting}
+        perMinute={perMinute}
+        now={now}
+      />,
+    );
   });
 
   return app;

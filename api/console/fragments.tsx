@@ -6,7 +6,12 @@
  * is whatever a caller sent, and is shown as text.
  */
 import type { Run, RunEvent } from "../../contracts/runs.ts";
-import { COUNT_CAP, type MinuteCount, type TenantQueue } from "../../db/queue_overview.ts";
+import {
+  COUNT_CAP,
+  type MinuteCount,
+  type TenantQueue,
+  type WaitingVersion,
+} from "../../db/queue_overview.ts";
 import { BarChart } from "./chart.tsx";
 
 /** The run statuses a filter offers. */
@@ -253,10 +258,40 @@ function age(seconds: number): string {
   return `${(seconds / 3600).toFixed(1)} h`;
 }
 
-/** The queue at a glance: counts, the oldest due run's wait, admissions per minute. */
-export function QueueFragment({ tenant, queue, perMinute, now }: {
+/** The versions the tenant's queued runs wait on that no live worker hosts. */
+function WaitingVersions({ waiting }: { waiting: WaitingVersion[] }) {
+  if (waiting.length === 0) {
+    return <p class="muted" id="no-waiting">Every queued run's version has a worker.</p>;
+  }
+  return (
+    <table id="waiting-for-worker">
+      <thead>
+        <tr>
+          <th>Workflow</th>
+          <th>Queued runs</th>
+        </tr>
+      </thead>
+      <tbody>
+        {waiting.map((v) => (
+          <tr data-workflow={v.workflow}>
+            <td class="mono">{v.workflow}</td>
+            <td>{count(v.runs)}</td>
+          </tr>
+        ))}
+      </tbody>
+    </table>
+  );
+}
+
+/**
+ * The queue at a glance: counts, the oldest due run's wait, the versions
+ * waiting for a worker, admissions per minute.
+ */
+export function QueueFragment({ tenant, queue, waiting, perMinute, now }: {
   tenant: string;
   queue: TenantQueue;
+  /** Versions its queued runs wait on that no live worker hosts. */
+  waiting: WaitingVersion[];
   /** Admissions per minute over the last hour (minutes without any absent). */
   perMinute: MinuteCount[];
   now: Date;
@@ -292,6 +327,8 @@ export function QueueFragment({ tenant, queue, perMinute, now }: {
           <div class="label">admitted in the last hour</div>
         </div>
       </div>
+      <h2>Waiting for a worker</h2>
+      <WaitingVersions waiting={waiting} />
       <h2>Runs admitted per minute, last hour</h2>
       <BarChart
         bars={bars}

@@ -1,0 +1,121 @@
+/**
+ * The worker's scrape-time queue gauges: `poimen_runs_waiting_for_worker`
+ * has one series per workflow version no live worker hosts, read with the
+ * other queue gauges in one collection, and a version that stops waiting
+ * disappears; queueStats finds those versions in Postgres.
+ */
+import assert from "node:assert/strict";
+import client from "prom-client";
+import { silentLogger } from "../core/log.ts";
+import { insertTenant } from "../db/auth.ts";
+import { insertRuns, type NewRun } from "../db/admission.ts";
+import { registerVersions, renewWorker } from "../db/catalog.ts";
+import { type QueueStats, queueStats } from "../db/queue_stats.ts";
+import { createWorkerMetrics } from "../worker/metrics.ts";
+import { freshDatabase } from "./support/db.ts";
+
+const WAITING = /^poimen_runs_waiting_for_worker\{workflow="([^"]+)"\} (\d+)$/gm;
+
+function waitingSeries(text: string): Record<string, number> {
+  return Object.fromEntries([...text.matchAll(WAITING)].map((m) => [m[1], Number(m[2])]));
+}
+
+Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, one read per scrape", async () => {
+  const answers: (QueueStats | Error)[] = [
+    {
+      byStatus: { queued: 7, running: 1 },
+      oldestQueuedAgeSeconds: 3,
+      waitingForWorker: [{ workflow: "a@1", runs: 5 }, { workflow: "b@2", runs: 2 }],
+    },
+    {
+      byStatus: { queued: 2, running: 0 },
+      oldestQueuedAgeSeconds: 0,
+      waitingForWorker: [{ workflow: "b@2", runs: 2 }],
+    },
+    new Error("postgres went away"),
+    { byStatus: { queued: 0, running: 0 }, oldestQueuedAgeSeconds: 0, waitingForWorker: [] },
+  ];
+  let reads = 0;
+  const registry = new client.Registry();
+  createWorkerMetrics(
+    registry,
+    () => {
+      const a = answers[reads++];
+      return a instanceof Error ? Promise.reject(a) : Promise.resolve(a);
+    },
+    () => 0,
+    silentLogger,
+  );
+
+  const first = await registry.metrics();
+  assert.equal(reads, 1, "the queue gauges share one read");
+  assert.deepEqual(waitingSeries(first), { "a@1": 5, "b@2": 2 });
+  assert.match(first, /^poimen_runs\{status="queued"\} 7$/m);
+  assert.match(first, /^# TYPE poimen_runs_waiting_for_worker gauge$/m);
+
+  // Let the shared read be forgotten (it is, on the next macrotask).
+  await new Promise((r) => setTimeout(r, 0));
+  const second = await registry.metrics();
+  assert.equal(reads, 2);
+  assert.deepEqual(waitingSeries(second), { "b@2": 2 }, "a@1 got a worker: gone");
+
+  await new Promise((r) => setTimeout(r, 0));
+  const failed = await registry.metrics();
+  assert.equal(reads, 3);
+  assert.deepEqual(waitingSeries(failed), { "b@2": 2 }, "a failed read keeps the last answer");
+
+  await new Promise((r) => setTimeout(r, 0));
+  assert.deepEqual(waitingSeries(await registry.metrics()), {});
+  assert.equal(reads, 4);
+});
+
+Deno.test("worker metrics: queueStats counts the queued runs of each version no live worker hosts", async () => {
+  const db = await freshDatabase();
+  const sql = db.sql;
+  try {
+    const schema = { type: "object" };
+    await registerVersions(sql, [
+      { name: "hosted", version: 1, input_schema: schema, max_attempts: null },
+      { name: "orphan", version: 1, input_schema: schema, max_attempts: null },
+      { name: "orphan", version: 2, input_schema: schema, max_attempts: null },
+      { name: "idle", version: 1, input_schema: schema, max_attempts: null },
+    ], "test");
+    await renewWorker(sql, "w1", ["hosted@1", "orphan@2"], 60_000);
+    await renewWorker(sql, "gone", ["orphan@1"], 60_000);
+    await sql`update workflow_workers set expires_at = now() - interval '1 second'
+               where worker_id = 'gone'`;
+    for (const t of ["acme", "globex"]) await insertTenant(sql, t);
+    const run = (tenant: string, name: string, version: number, i: number): NewRun => ({
+      tenant_id: tenant,
+      run_id: crypto.randomUUID(),
+      workflow_ref: `${name}@${version}`,
+      workflow_name: name,
+      workflow_version: version,
+      input: { i },
+      goal_id: null,
+      dispatch_key: null,
+      source: "test",
+      max_attempts: 3,
+      // Scheduled or not, a run no worker hosts waits for one.
+      run_after: i % 2 ? new Date(Date.now() + 3600_000).toISOString() : null,
+    });
+    await insertRuns(sql, [
+      ...[0, 1, 2].map((i) => run("acme", "orphan", 1, i)),
+      ...[3, 4].map((i) => run("globex", "orphan", 1, i)),
+      ...[0, 1].map((i) => run("acme", "orphan", 2, i)),
+      ...[0, 1].map((i) => run("acme", "hosted", 1, i)),
+    ]);
+    // A finished run of an unhosted version is not waiting.
+    await sql`update runs set status = 'cancelled', finished_at = now()
+               where run_id = (select run_id from runs where workflow_name = 'orphan'
+                                  and workflow_version = 1 and tenant_id = 'globex' limit 1)`;
+    const s = await queueStats(sql);
+    assert.equal(s.byStatus.queued, 8);
+    assert.deepEqual([...s.waitingForWorker], [{ workflow: "orphan@1", runs: 4 }]);
+
+    await renewWorker(sql, "w2", ["orphan@1"], 60_000);
+    assert.deepEqual([...(await queueStats(sql)).waitingForWorker], []);
+  } finally {
+    await db.drop();
+  }
+});
