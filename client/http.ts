@@ -31,6 +31,7 @@ import {
   type RunPage,
   type RunRequest,
   type RunStatus,
+  type WaitingFor,
 } from "../contracts/wire.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
 import {
@@ -43,7 +44,7 @@ import {
   unexpectedAnswer,
 } from "./problems.ts";
 
-export type { Problem, ProblemFieldError, Run, RunPage, RunRequest, RunStatus };
+export type { Problem, ProblemFieldError, Run, RunPage, RunRequest, RunStatus, WaitingFor };
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,

@@ -544,20 +544,3 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     JSON.stringify(imported),
   );
 });
-
-Deno.test("client_http: the published entry points are documented (deno doc --lint)", async () => {
-  const config = JSON.parse(await Deno.readTextFile(`${PROJECT_ROOT}/deno.json`));
-  assert.deepEqual(config.exports, {
-    "./client": "./client/http.ts",
-    "./dispatch": "./client/dispatch.ts",
-  });
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["doc", "--lint", ...Object.values(config.exports as Record<string, string>)],
-    cwd: PROJECT_ROOT,
-    env: { NO_COLOR: "1" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  assert.equal(out.code, 0, text);
-});

@@ -46,3 +46,22 @@ for (const [name, entry] of Object.entries(config.exports)) {
     }
   });
 }
+
+Deno.test("package: the exports users import are all there and documented (deno doc --lint)", async () => {
+  assert.deepEqual(Object.keys(config.exports).sort(), [
+    "./client",
+    "./dispatch",
+    "./migrate",
+    "./worker",
+    "./workflow",
+  ]);
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["doc", "--lint", ...Object.values(config.exports)],
+    cwd: ROOT,
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  assert.equal(out.code, 0, text);
+});
