@@ -19,9 +19,18 @@ import { openApiDocument } from "./openapi.ts";
 import { abortable, checkReadiness } from "../core/health.ts";
 import type { ConsoleAssets } from "./console/assets.ts";
 import { consoleRoutes } from "./console/console_routes.tsx";
+import type { RunWatch } from "./run_watch.ts";
 
 /** Hono's typing of our context variables. */
-export type ApiEnv = { Variables: { principal: Principal } };
+export type ApiEnv = {
+  Variables: {
+    principal: Principal;
+    /** Gives a request's body budget share back (api/request.ts `limitBody`); safe twice. */
+    releaseBody?: () => void;
+    /** When admission answered, for a POST that then waits (`Prefer: wait=N`). */
+    admittedAt?: number;
+  };
+};
 
 export interface AppDeps {
   sql: Sql;
@@ -34,6 +43,10 @@ export interface AppDeps {
   bodyBudget?: { bytes: BodyBudget; waitMs: number; readTimeoutMs?: number };
   /** The console's script and stylesheet (`loadConsoleAssets`). */
   consoleAssets: ConsoleAssets;
+  /** Wakes waits and event streams (api/run_watch.ts); without it, neither is offered. */
+  watch?: RunWatch;
+  /** An idle event stream's comment-line interval (RUN_STREAM_HEARTBEAT_MS). */
+  heartbeatMs?: number;
 }
 
 // The route label of a request: the pattern of the route that matched

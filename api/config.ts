@@ -36,6 +36,13 @@ export const ApiEnv = z.object({
    * reads it at once, at most once a second).
    */
   CATALOG_REFRESH_MS: millis(30 * SECOND),
+  /**
+   * Waits (`Prefer: wait=N`) and event streams one API process holds at
+   * once; past it, 503 `busy` with Retry-After.
+   */
+  RUN_WATCHERS_MAX: positiveInt(10_000),
+  /** How often an idle event stream gets a comment line, so proxies keep it open. */
+  RUN_STREAM_HEARTBEAT_MS: millis(15 * SECOND),
 });
 export type ApiConfig = z.infer<typeof ApiEnv>;
 

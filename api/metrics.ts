@@ -82,6 +82,17 @@ export function createApiMetrics(registry: client.Registry) {
   return {
     ...m,
     /** Exports `budget`'s bytes held and requests waiting; returns it. */
+    /** `poimen_run_watchers`: waits and event streams held now (`watchers` is read at scrape time). */
+    watchRunWatchers(watchers: () => number): void {
+      new client.Gauge({
+        name: "poimen_run_watchers",
+        help: "Waits (Prefer: wait) and event streams held now, of RUN_WATCHERS_MAX",
+        registers,
+        collect() {
+          this.set(watchers());
+        },
+      });
+    },
     watchBodyBudget(budget: BodyBudget): BodyBudget {
       new client.Gauge({
         name: "poimen_request_body_budget_bytes_held",

@@ -13,6 +13,7 @@ import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
+import { RunWatch } from "./run_watch.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
@@ -73,6 +74,14 @@ export async function main(args: string[]): Promise<number> {
     config.AUTH_CACHE_MS,
     (reason) => metrics.authFailures.inc({ reason }),
   );
+  // Wakes waits and event streams on the commits that change runs.
+  const watch = new RunWatch(sql, {
+    listen: () =>
+      createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-api-watch" }),
+    maxWatchers: config.RUN_WATCHERS_MAX,
+    log,
+  });
+  metrics.watchRunWatchers(() => watch.watchers);
   const app = createApp({
     sql,
     admission,
@@ -85,6 +94,8 @@ export async function main(args: string[]): Promise<number> {
       waitMs: config.BODY_BUDGET_WAIT_MS,
       readTimeoutMs: config.BODY_READ_TIMEOUT_MS,
     },
+    watch,
+    heartbeatMs: config.RUN_STREAM_HEARTBEAT_MS,
     consoleAssets: loadConsoleAssets(),
   });
 
@@ -109,5 +120,8 @@ export async function main(args: string[]): Promise<number> {
       },
       stop: async () => await server?.shutdown(),
     },
+    // Stopped before the server: waits answer with what they have and
+    // streams end, so the server's shutdown does not wait out a minute-long wait.
+    named("run watch", watch),
   ], { log });
 }

@@ -68,6 +68,8 @@ export function limitBody(
     // The common case takes its share without a promise or a timer.
     const release = budget.bytes.tryAcquire(bytes) ??
       await budget.bytes.acquire(bytes, budget.waitMs);
+    // A handler that has parsed the body and then waits gives it back early.
+    c.set("releaseBody", release);
     try {
       await limited(c, next);
     } finally {

@@ -29,6 +29,9 @@ import type { ApiEnv } from "./app.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
 import type { BodyBudget } from "./body_budget.ts";
+import type { RunWatch } from "./run_watch.ts";
+import { preferredWait, readRunWaiting } from "./run_wait.ts";
+import { lastEventId, runEventStream } from "./run_stream.ts";
 
 export interface RunsDeps {
   sql: Sql;
@@ -38,6 +41,13 @@ export interface RunsDeps {
   bodyLimit: number;
   /** Bounds the bodies held at once (see api/body_budget.ts); none in tests that do not say. */
   bodyBudget?: { bytes: BodyBudget; waitMs: number; readTimeoutMs?: number };
+  /**
+   * Wakes waits (`Prefer: wait=N`) and event streams; without it (tests that
+   * do not say) `Prefer` is ignored and events are JSON only.
+   */
+  watch?: RunWatch;
+  /** An idle event stream's comment-line interval (RUN_STREAM_HEARTBEAT_MS). */
+  heartbeatMs?: number;
 }
 
 /** What a queued run waits for, for people and programs; null for any other run. */
@@ -149,6 +159,11 @@ export function decodeCursor(cursor: string): string {
   return runId;
 }
 
+/** Whether an Accept header asks for a server-sent event stream (JSON stays the default). */
+export function wantsEventStream(accept: string | undefined): boolean {
+  return accept !== undefined && /(^|,)\s*text\/event-stream\s*(;|,|$)/i.test(accept);
+}
+
 /** Routes under /v1/runs. */
 export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   const { sql, admission, metrics } = deps;
@@ -160,12 +175,14 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   const admissionMetrics: MiddlewareHandler<ApiEnv> = async (c, next) => {
     const started = performance.now();
     await next();
+    // A wait after admission (Prefer: wait=N) is not admission's latency.
+    const ended = c.get("admittedAt") ?? performance.now();
     const outcome = c.res.status === 201
       ? "created"
       : c.res.status === 200
       ? "deduplicated"
       : "rejected";
-    metrics.observeAdmission(outcome, (performance.now() - started) / 1000);
+    metrics.observeAdmission(outcome, (ended - started) / 1000);
   };
 
   app.post(
@@ -186,7 +203,23 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         source,
         entry: "http",
       });
-      const run = toRun(result.run);
+      let run = toRun(result.run);
+      const wait = deps.watch && preferredWait(c.req.header("prefer"));
+      if (deps.watch && wait !== undefined) {
+        c.set("admittedAt", performance.now());
+        // The body is parsed: its share of the budget goes back before the wait.
+        c.get("releaseBody")?.();
+        c.header("Preference-Applied", `wait=${wait}`);
+        const row = await readRunWaiting(
+          sql,
+          deps.watch,
+          principal.tenantId,
+          run.run_id,
+          wait,
+          c.req.raw.signal,
+        );
+        if (row) run = toRun(row);
+      }
       if (result.created) {
         c.header("Location", `/v1/runs/${run.run_id}`);
         return c.json(run, 201);
@@ -203,10 +236,14 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   app.get("/:run_id", async (c) => {
     const runId = c.req.param("run_id");
     // Not a uuid cannot be anyone's run: 404, not 422, so ids reveal nothing.
-    const row = UUID_PATTERN.test(runId)
-      ? await selectRun(sql, c.get("principal").tenantId, runId, { waiting: true })
-      : undefined;
+    const tenantId = c.get("principal").tenantId;
+    const wait = deps.watch && preferredWait(c.req.header("prefer"));
+    if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
+    const row = deps.watch && wait !== undefined
+      ? await readRunWaiting(sql, deps.watch, tenantId, runId, wait, c.req.raw.signal)
+      : await selectRun(sql, tenantId, runId, { waiting: true });
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    if (wait !== undefined) c.header("Preference-Applied", `wait=${wait}`);
     return c.json(toRun(row));
   });
 
@@ -217,6 +254,24 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     // stay a 404 (another tenant's run included), not an empty list.
     const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenantId, runId) : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    if (deps.watch && wantsEventStream(c.req.header("accept"))) {
+      // The slot first: a full API answers 503 before a stream starts.
+      const watcher = deps.watch.open(tenantId, runId);
+      return runEventStream(
+        {
+          sql,
+          watch: deps.watch,
+          log: deps.log,
+          toEvent: toRunEvent,
+          heartbeatMs: deps.heartbeatMs,
+        },
+        tenantId,
+        runId,
+        lastEventId(c.req.header("last-event-id")),
+        watcher,
+        c.req.raw.signal,
+      );
+    }
     const events = await selectRunEvents(sql, tenantId, runId, MAX_RUN_EVENTS);
     return c.json({ events: events.map(toRunEvent) });
   });

@@ -63,7 +63,12 @@ const RUN_COLUMNS = runColumns();
 export type WaitingReason = "worker" | "schedule" | "slot";
 
 /** A run as `selectRun` reads it: with its input, and what it waits for when asked. */
-export type RunDetailRow = RunRow & { input: unknown; waiting_reason?: WaitingReason | null };
+export type RunDetailRow = RunRow & {
+  input: unknown;
+  /** The seq of the run's last event: what a watcher compares (api/run_watch.ts). */
+  event_seq: number;
+  waiting_reason?: WaitingReason | null;
+};
 
 /**
  * One run of one tenant, with its input; undefined when absent or another
@@ -80,7 +85,7 @@ export async function selectRun(
   opts: { waiting?: boolean } = {},
 ): Promise<RunDetailRow | undefined> {
   const [row] = await sql<RunDetailRow[]>`
-    select ${sql.unsafe(RUN_COLUMNS)}, input
+    select ${sql.unsafe(RUN_COLUMNS)}, input, event_seq
            ${
     opts.waiting
       ? sql`, case when status <> 'queued' then null
@@ -135,7 +140,8 @@ export interface RunEventRow {
 }
 
 /**
- * A run's events still in `work_events`, oldest first, at most `limit`.
+ * A run's events still in `work_events` after `afterSeq`, oldest first, at
+ * most `limit`.
  * Published events are purged after a while, so an old run's timeline may
  * be short or empty; the run row stays the source of truth. The primary key
  * (tenant_id, run_id, seq) serves it.
@@ -145,10 +151,37 @@ export async function selectRunEvents(
   tenantId: string,
   runId: string,
   limit: number,
+  afterSeq = 0,
 ): Promise<RunEventRow[]> {
   return await sql<RunEventRow[]>`
     select seq, type, payload, at, published_at, parked_at from work_events
-     where tenant_id = ${tenantId} and run_id = ${runId}
+     where tenant_id = ${tenantId} and run_id = ${runId} and seq > ${afterSeq}
      order by seq
      limit ${limit}`;
+}
+
+/** A watched run's last event seq; null when the run is gone (purged). */
+export interface WatchedRun {
+  tenant_id: string;
+  run_id: string;
+  event_seq: number | null;
+}
+
+/**
+ * The last event seq of each of `runs`: what the API's watchers of those
+ * runs wake on (api/run_watch.ts). One primary-key probe per run, each
+ * naming its tenant: a scalar subquery, not a join, so no plan can hash
+ * `runs` whatever its statistics say.
+ */
+export async function selectEventSeqs(
+  sql: Sql,
+  runs: readonly { tenant_id: string; run_id: string }[],
+): Promise<WatchedRun[]> {
+  return await sql<WatchedRun[]>`
+    select k.tenant_id, k.run_id,
+           (select r.event_seq from runs r
+             where r.tenant_id = k.tenant_id and r.run_id = k.run_id) as event_seq
+      from unnest(${runs.map((r) => r.tenant_id)}::text[], ${
+    runs.map((r) => r.run_id)
+  }::uuid[]) as k(tenant_id, run_id)`;
 }
