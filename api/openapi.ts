@@ -19,6 +19,7 @@ import {
 } from "../contracts/runs.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { RETRY_AFTER_SECONDS } from "./problem.ts";
+import { MAX_WAIT_SECONDS } from "./run_wait.ts";
 
 /** Request bodies: documented as clients write them (zod's input side). */
 const REQUEST_SCHEMAS = { RunRequest };
@@ -38,11 +39,15 @@ interface Body {
   schema?: SchemaName | z.ZodType;
   /** Default application/json. */
   contentType?: string;
+  /** The media type's example, for a format a schema says little about (a stream). */
+  example?: string;
 }
 
 interface Answer extends Body {
   description: string;
   headers?: Headers;
+  /** The same answer in other content types, chosen by `Accept`. */
+  also?: Body[];
 }
 
 /** One operation of the API. */
@@ -65,6 +70,8 @@ export interface Route {
   answers: Record<number, Answer>;
   /** Statuses answered with problem+json. */
   problems: number[];
+  /** What a problem status means on this route, when more than "a problem". */
+  problemNotes?: Record<number, string>;
 }
 
 const TENANT_HEADER = {
@@ -77,6 +84,35 @@ const TENANT_HEADER = {
 const RUN_ID = {
   run_id: z.string().describe("The run's id; anything but the tenant's run is a 404"),
 };
+
+/** `Prefer: wait=N` (RFC 7240), as api/run_wait.ts reads it. */
+const PREFER_HEADER = {
+  Prefer: {
+    description: "`wait=N` (RFC 7240): answer once the run is final (`succeeded`, `failed`, " +
+      `\`cancelled\`) or after N seconds, whichever is first, with the run as it then is; N above ` +
+      `${MAX_WAIT_SECONDS} is cut to ${MAX_WAIT_SECONDS}. Other preferences are ignored.`,
+    schema: z.string(),
+    example: "wait=10",
+  },
+};
+
+const PREFERENCE_APPLIED = {
+  "Preference-Applied": {
+    description: "With `Prefer: wait=N`: `wait=<the seconds applied>` (N, or at most " +
+      `${MAX_WAIT_SECONDS})`,
+    schema: z.string().regex(/^wait=\d+$/),
+  },
+};
+
+/** Why a wait or a stream can be a 503, beside Postgres. */
+const WATCH_BUSY = "A problem (RFC 9457): `database-unavailable`, or `busy` when this API " +
+  "process already holds RUN_WATCHERS_MAX waits and event streams; retry after `Retry-After`";
+
+/** The `text/event-stream` body, as api/run_stream.ts writes it. */
+const EVENT_STREAM_FORMAT = "Server-sent events (text/event-stream): first `retry: 2000`, then " +
+  "one event per run event, oldest first, each `id: <seq>`, `event: <type>` and `data: <the " +
+  "event as JSON, a RunEvent>`; new events as they commit; `: keep-alive` comment lines while " +
+  "idle (RUN_STREAM_HEARTBEAT_MS); the stream ends after the run's final event.";
 
 /** Every route the API serves. */
 export const ROUTES: Route[] = [
@@ -92,16 +128,22 @@ export const ROUTES: Route[] = [
           "(the relay's is `kafka:<topic>/<partition>/<offset>`); ignored for a tenant token",
         schema: SourceHeader,
       },
+      ...PREFER_HEADER,
     },
     body: { schema: "RunRequest" },
     answers: {
       201: {
-        description: "Admitted: a new run",
+        description: "Admitted: a new run (with `Prefer: wait=N`, as it is once final or " +
+          "after N seconds)",
         schema: "Run",
-        headers: { Location: { description: "The run's URL", schema: z.string() } },
+        headers: {
+          Location: { description: "The run's URL", schema: z.string() },
+          ...PREFERENCE_APPLIED,
+        },
       },
       200: {
-        description: "The dispatch_key was seen before: the first run, unchanged",
+        description: "The dispatch_key was seen before: the first run (with `Prefer: wait=N`, " +
+          "as it is once final or after N seconds)",
         schema: "Run",
         headers: {
           [HEADERS.replayed]: { description: "Always `true`", schema: z.literal("true") },
@@ -109,10 +151,16 @@ export const ROUTES: Route[] = [
             description: "`true` when this body differs from the first one's",
             schema: z.literal("true"),
           },
+          ...PREFERENCE_APPLIED,
         },
       },
     },
     problems: [400, 401, 403, 408, 413, 415, 422, 503],
+    problemNotes: {
+      503: "A problem (RFC 9457): `database-unavailable`; `busy` when too many bodies are in " +
+        "progress (BODY_BUDGET_BYTES) or, with `Prefer: wait=N`, when this API process already " +
+        "holds RUN_WATCHERS_MAX waits and event streams; retry after `Retry-After`",
+    },
   },
   {
     method: "get",
@@ -130,9 +178,16 @@ export const ROUTES: Route[] = [
     summary: "One run of the tenant, with its input and, while queued, what it waits for",
     auth: true,
     params: RUN_ID,
-    headers: TENANT_HEADER,
-    answers: { 200: { description: "The run", schema: "Run" } },
+    headers: { ...TENANT_HEADER, ...PREFER_HEADER },
+    answers: {
+      200: {
+        description: "The run (with `Prefer: wait=N`, as it is once final or after N seconds)",
+        schema: "Run",
+        headers: PREFERENCE_APPLIED,
+      },
+    },
     problems: [401, 403, 404, 503],
+    problemNotes: { 503: WATCH_BUSY },
   },
   {
     method: "post",
@@ -155,11 +210,35 @@ export const ROUTES: Route[] = [
     method: "get",
     path: "/v1/runs/:run_id/events",
     summary: "One run's event timeline (what work_events still holds)",
+    description: "JSON by default. With `Accept: text/event-stream`, a stream of server-sent " +
+      "events instead: the events the run already has, then each new one as it commits, ending " +
+      "after the run is final. A client that reconnects with `Last-Event-ID` gets the events " +
+      "after that seq, without gaps or repeats (EventSource does it by itself).",
     auth: true,
     params: RUN_ID,
-    headers: TENANT_HEADER,
-    answers: { 200: { description: "The run's events, oldest first", schema: "RunEvents" } },
+    headers: {
+      ...TENANT_HEADER,
+      "Last-Event-ID": {
+        description: "With `Accept: text/event-stream`: the last seq received; the stream " +
+          "starts after it (absent or not a seq: from the first event)",
+        schema: z.string(),
+      },
+    },
+    answers: {
+      200: {
+        description: "The run's events, oldest first (JSON), or their stream " +
+          "(`Accept: text/event-stream`)",
+        schema: "RunEvents",
+        also: [{
+          contentType: "text/event-stream",
+          schema: z.string().describe(EVENT_STREAM_FORMAT),
+          example: "retry: 2000\n\nid: 1\nevent: run.admitted\ndata: " +
+            '{"seq":1,"type":"run.admitted",…}\n\n: keep-alive\n\n',
+        }],
+      },
+    },
     problems: [401, 403, 404, 503],
+    problemNotes: { 503: WATCH_BUSY },
   },
   {
     method: "get",
@@ -226,7 +305,8 @@ function content(body: Body, io: "input" | "output") {
     : typeof body.schema === "string"
     ? { $ref: `#/components/schemas/${body.schema}` }
     : toJson(body.schema, io);
-  return { [body.contentType ?? "application/json"]: { schema } };
+  const example = body.example === undefined ? {} : { example: body.example };
+  return { [body.contentType ?? "application/json"]: { schema, ...example } };
 }
 
 /** Query parameters from the query's zod object: one per property. */
@@ -244,7 +324,13 @@ function queryParameters(query: z.ZodObject) {
   }));
 }
 
-function parameter(name: string, where: "path" | "header", s: z.ZodType, description?: string) {
+function parameter(
+  name: string,
+  where: "path" | "header",
+  s: z.ZodType,
+  description?: string,
+  example?: string,
+) {
   const { description: own, ...schema } = toJson(s, "input");
   const text = description ?? own;
   return {
@@ -253,10 +339,11 @@ function parameter(name: string, where: "path" | "header", s: z.ZodType, descrip
     required: where === "path",
     ...(text === undefined ? {} : { description: text }),
     schema,
+    ...(example === undefined ? {} : { example }),
   };
 }
 
-type Headers = Record<string, { description: string; schema: z.ZodType }>;
+type Headers = Record<string, { description: string; schema: z.ZodType; example?: string }>;
 
 /** Headers every problem of a status carries (api/problem.ts). */
 const PROBLEM_HEADERS: Record<number, Headers> = {
@@ -285,7 +372,7 @@ function operation(route: Route) {
     ...Object.entries(route.params ?? {}).map(([name, s]) => parameter(name, "path", s)),
     ...(route.query ? queryParameters(route.query) : []),
     ...Object.entries(route.headers ?? {}).map(([name, h]) =>
-      parameter(name, "header", h.schema, h.description)
+      parameter(name, "header", h.schema, h.description, h.example)
     ),
   ];
   const responses: Record<string, unknown> = {};
@@ -293,13 +380,16 @@ function operation(route: Route) {
     responses[status] = {
       description: answer.description,
       ...(answer.headers ? { headers: headerObjects(answer.headers) } : {}),
-      content: content(answer, "output"),
+      content: Object.assign(
+        content(answer, "output"),
+        ...(answer.also ?? []).map((body) => content(body, "output")),
+      ),
     };
   }
   for (const status of route.problems) {
     const headers = PROBLEM_HEADERS[status];
     responses[String(status)] = {
-      description: "A problem (RFC 9457)",
+      description: route.problemNotes?.[status] ?? "A problem (RFC 9457)",
       ...(headers ? { headers: headerObjects(headers) } : {}),
       content: content({ schema: "Problem", contentType: "application/problem+json" }, "output"),
     };

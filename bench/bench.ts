@@ -1,5 +1,5 @@
 /**
- * `deno task bench [-- --quick] [-- --only http,growth,worker,relay]`: poimen side by side with a minimal
+ * `deno task bench [-- --quick] [-- --only http,growth,worker,wait,relay]`: poimen side by side with a minimal
  * endpoint, pgbench, pg-boss and graphile-worker, in one run on this
  * machine, written to bench/REPORT.md. Not a test: it asserts nothing about
  * durations; it fails only when a count is wrong (every key exactly once).
@@ -14,13 +14,16 @@
  * - admission at 0, 100,000 and 1,000,000 existing runs, never analyzed;
  * - worker execution: one poimen worker (concurrency 16) and one
  *   graphile-worker runner (concurrency 16), the same number of queued jobs;
+ * - waiting for results: 2,000 callers on `Prefer: wait=30` while their
+ *   runs finish over a few seconds, the delay from each run's end to its
+ *   answer, and the API's CPU and RSS meanwhile;
  * - the inbox relay's drain rate, and publish→run and publish→event latency
  *   at a fixed 1,000 messages/s (needs the Kafka broker: `deno task kafka start`);
  * - peak RSS and CPU of every process, Postgres wait events during admission.
  *
  * Each section has its module (http_admission.ts with pgbench_insert.ts and
  * queue_competitors.ts, growth_section.ts, worker_section.ts,
- * relay_section.ts); they add to one BenchContext (run_context.ts), from
+ * wait_section.ts with wait_clients.ts, relay_section.ts); they add to one BenchContext (run_context.ts), from
  * which report_writer.ts writes the report.
  */
 import { createPool } from "../db/pool.ts";
@@ -34,20 +37,21 @@ import { httpSection } from "./http_admission.ts";
 import { growthSection } from "./growth_section.ts";
 import { workerSection } from "./worker_section.ts";
 import { relaySection } from "./relay_section.ts";
+import { waitSection } from "./wait_section.ts";
 import { report } from "./report_writer.ts";
 
 const COMMAND = {
   name: "bench",
-  synopsis: "[--quick] [--only http,growth,worker,relay]",
+  synopsis: "[--quick] [--only http,growth,worker,wait,relay]",
   description: `
 poimen side by side with a minimal hono + postgres.js endpoint, pgbench on the
 same INSERT, pg-boss and graphile-worker, in one run on this machine: HTTP
 admission at 16 and 64 connections (load from wrk, installed with apt-get when
 missing and running as root), enqueue with keys, admission as a never-analyzed
-table grows, worker execution, and the inbox relay (needs the Kafka broker:
-deno task kafka start). Writes bench/REPORT.md and prints it. Asserts nothing
-about durations; exits non-zero when a count is wrong (every key exactly
-once). pg-boss, graphile-worker and Node 22 are installed into bench/.deps on
+table grows, worker execution, callers waiting for results (Prefer: wait),
+and the inbox relay (needs the Kafka broker: deno task kafka start). Writes
+bench/REPORT.md and prints it. Asserts nothing about durations; exits non-zero
+when a count is wrong (every key exactly once, every waiter answered final). pg-boss, graphile-worker and Node 22 are installed into bench/.deps on
 first use.`,
   flags: {
     quick: { type: "boolean", description: "a two-minute smoke run (2 s per figure, one round)" },
@@ -84,6 +88,10 @@ async function main({ quick, only }: BenchArgs) {
     if (ctx.wanted("worker")) {
       log("worker execution");
       await workerSection(ctx, admin);
+    }
+    if (ctx.wanted("wait")) {
+      log("callers waiting for results");
+      await waitSection(ctx, admin);
     }
     if (ctx.wanted("relay")) {
       log("relay");

@@ -6,6 +6,7 @@
 import { loadAvg } from "./tools.ts";
 import { type BenchContext, CONNS, type Figure, REPLAY_KEYS } from "./run_context.ts";
 import { cpuModel } from "./machine_facts.ts";
+import { waitReport } from "./wait_section.ts";
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -205,6 +206,7 @@ export async function report(
     ``,
     table("worker", false),
     ``,
+    ...waitReport(ctx),
     `## Inbox relay`,
     ``,
     table("relay", false),

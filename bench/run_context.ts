@@ -7,7 +7,7 @@ import { PROJECT_ROOT } from "../dev/tasks.ts";
 import { ProcStats } from "./tools.ts";
 
 /** The sections `--only` chooses among, in the order a run measures them. */
-export const SECTIONS = ["http", "growth", "worker", "relay"] as const;
+export const SECTIONS = ["http", "growth", "worker", "wait", "relay"] as const;
 /** One of {@link SECTIONS}. */
 export type Section = typeof SECTIONS[number];
 
@@ -69,6 +69,36 @@ export interface Figure {
   usPerOp?: number;
 }
 
+/**
+ * One round of the wait section: callers held on `Prefer: wait=N` while
+ * their runs finish, and what that cost the API process. Delays in ms.
+ */
+export interface WaitFigure {
+  round: number;
+  waiters: number;
+  /** The sleeps' longest `ms`, and the `Prefer: wait` asked for (s). */
+  maxSleepMs: number;
+  waitSeconds: number;
+  /** Answered 200 with a final run and `Preference-Applied`. */
+  answeredFinal: number;
+  /** Each run's `finished_at` (Postgres) to its waiter's answer (its own process). */
+  p50: number;
+  p99: number;
+  max: number;
+  /** From the first run's finish to the last's, s. */
+  finishSpan: number;
+  /** The API's CPU over the whole measurement, and while the waits were being opened. */
+  apiCpu: number;
+  apiCpuOpening: number;
+  /** The measurement's wall time, s. */
+  wall: number;
+  /** The API's peak RSS (VmHWM) at its start and at the end of the measurement, MB. */
+  apiRssStart: number;
+  apiRssPeak: number;
+  /** The waiting callers' own process. */
+  clientCpu: number;
+}
+
 /** What a run was asked for and where its tools are. */
 export interface BenchOptions {
   quick: boolean;
@@ -96,6 +126,8 @@ export class BenchContext {
   /** Per scenario label, how often each wait event was seen (and "(samples)": how often sampled). */
   readonly waits = new Map<string, Map<string, number>>();
   readonly notes: string[] = [];
+  /** The wait section's rounds. */
+  readonly waiting: WaitFigure[] = [];
 
   constructor(options: BenchOptions) {
     this.quick = options.quick;

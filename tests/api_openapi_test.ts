@@ -163,3 +163,64 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
     Object.keys(ListRunsQuery.shape),
   );
 });
+
+type Operation = {
+  description?: string;
+  parameters?: { name: string; in: string; description?: string; example?: string }[];
+  responses: Record<string, {
+    description: string;
+    headers?: Record<string, { description: string; schema: { pattern?: string } }>;
+    content: Record<string, { schema: Record<string, unknown>; example?: string }>;
+  }>;
+};
+
+Deno.test("openapi: waiting (Prefer: wait=N) is documented on admitting and reading a run", async () => {
+  const doc = await served();
+  const ops: [string, Operation, string[]][] = [
+    ["post /v1/runs", doc.paths["/v1/runs"].post as Operation, ["201", "200"]],
+    ["get /v1/runs/{run_id}", doc.paths["/v1/runs/{run_id}"].get as Operation, ["200"]],
+  ];
+  for (const [name, op, answers] of ops) {
+    const prefer = op.parameters?.find((p) => p.name === "Prefer" && p.in === "header");
+    assert.ok(prefer, `${name}: the Prefer header`);
+    assert.match(prefer.description ?? "", /wait=N/, name);
+    assert.match(prefer.description ?? "", /\b60\b/, `${name}: the 60 s maximum`);
+    assert.equal(prefer.example, "wait=10", name);
+    for (const status of answers) {
+      const applied = op.responses[status].headers?.["Preference-Applied"];
+      assert.ok(applied, `${name} ${status}: Preference-Applied`);
+      assert.ok(new RegExp(applied.schema.pattern!).test("wait=60"), `${name} ${status}`);
+      assert.ok(!new RegExp(applied.schema.pattern!).test("wait=ten"), `${name} ${status}`);
+    }
+    const busy = op.responses["503"];
+    assert.match(busy.description, /`busy`/, `${name}: 503 busy`);
+    assert.match(busy.description, /RUN_WATCHERS_MAX/, name);
+    assert.ok(busy.headers?.["Retry-After"], `${name}: 503 with Retry-After`);
+  }
+  // The replay answer keeps its own headers beside the new one.
+  const replay = (doc.paths["/v1/runs"].post as Operation).responses["200"].headers!;
+  assert.ok(replay["Idempotent-Replayed"], "200 still says Idempotent-Replayed");
+});
+
+Deno.test("openapi: a run's events are documented as JSON and as text/event-stream", async () => {
+  const doc = await served();
+  const op = doc.paths["/v1/runs/{run_id}/events"].get as Operation;
+  const ok = op.responses["200"];
+  assert.deepEqual(Object.keys(ok.content), ["application/json", "text/event-stream"]);
+  assert.deepEqual(ok.content["application/json"].schema, {
+    $ref: "#/components/schemas/RunEvents",
+  });
+  const stream = ok.content["text/event-stream"];
+  assert.equal(stream.schema.type, "string");
+  const format = String(stream.schema.description);
+  for (const part of ["id: <seq>", "event: <type>", "data:", "retry: 2000", ": keep-alive"]) {
+    assert.ok(format.includes(part), `the event format names ${part}: ${format}`);
+  }
+  assert.match(stream.example ?? "", /^retry: 2000\n\nid: 1\nevent: run\.admitted\ndata: \{/);
+  const resume = op.parameters?.find((p) => p.name === "Last-Event-ID" && p.in === "header");
+  assert.ok(resume, "the Last-Event-ID header");
+  assert.match(resume.description ?? "", /seq/);
+  assert.match(op.description ?? "", /Accept: text\/event-stream/);
+  assert.match(op.responses["503"].description, /`busy`/);
+  assert.ok(op.responses["503"].headers?.["Retry-After"], "503 with Retry-After");
+});

@@ -96,6 +96,7 @@ Deno.test("bench cli: the documented invocations parse to what they always meant
       "relay",
     ]],
     [["--only=growth"], false, ["growth"]],
+    [["--", "--only", "wait"], false, ["wait"]],
   ];
   for (const [argv, quick, only] of cases) {
     const { lines, output } = capture();
