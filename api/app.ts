@@ -101,7 +101,14 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
   app.route("/v1/runs", runsRoutes(deps));
   app.route(
     "/console",
-    consoleRoutes({ sql: deps.sql, auth: deps.auth, assets: deps.consoleAssets }),
+    consoleRoutes({
+      sql: deps.sql,
+      auth: deps.auth,
+      assets: deps.consoleAssets,
+      log,
+      watch: deps.watch,
+      heartbeatMs: deps.heartbeatMs,
+    }),
   );
 
   // Answered rather than thrown: with only the "*" middleware matched, hono

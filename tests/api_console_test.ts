@@ -1,7 +1,8 @@
 /**
  * The console and the run-events endpoint, in process (`app.request`): every
  * console response carries the security headers, fragments are behind the
- * bearer tokens and tenant-scoped, and hostile values are rendered as text.
+ * bearer tokens and tenant-scoped, hostile values are rendered as text, and
+ * a run page's live stream is the tenant's run's event stream (or a 503).
  * The same console in a real browser: tests/it_console_test.ts.
  */
 import assert from "node:assert/strict";
@@ -18,6 +19,8 @@ import { CONSOLE_CSP } from "../api/console/console_routes.tsx";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
+import { RunWatch } from "../api/run_watch.ts";
+import { createPool } from "../db/pool.ts";
 
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
@@ -28,12 +31,23 @@ interface World {
   acme: string;
   globex: string;
   relay: string;
+  watch?: RunWatch;
 }
 
-async function world(): Promise<World> {
+/** With `live`, the API has a started RunWatch (stopped by `close`). */
+async function world(live = false): Promise<World> {
   const db = await freshDatabase();
   const sql = db.sql;
+  const watch = live
+    ? new RunWatch(sql, {
+      listen: () => createPool({ url: db.url, max: 1, applicationName: "poimen-test-watch" }),
+      maxWatchers: 4,
+      log: silentLogger,
+    })
+    : undefined;
+  await watch?.start();
   const app = createApp({
+    watch,
     sql,
     admission: new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 2 }),
     auth: new Authenticator(sql, 30_000),
@@ -55,6 +69,7 @@ async function world(): Promise<World> {
   return {
     db,
     app,
+    watch,
     acme: await token("tenant", "acme"),
     globex: await token("tenant", "globex"),
     relay: await token("service", "relay"),
@@ -107,6 +122,8 @@ Deno.test("console: pages, fragments and run events", async (t) => {
         const r = await get(w, path, token);
         assertSecurityHeaders(r.headers, path);
       }
+      const live = await get(w, `/console/live/runs/${run.run_id}`, w.acme);
+      assertSecurityHeaders(live.headers, "/console/live/runs/:run_id");
       assert.equal(
         (await get(w, "/console/app.js")).headers.get("content-type"),
         "text/javascript; charset=utf-8",
@@ -134,6 +151,10 @@ Deno.test("console: pages, fragments and run events", async (t) => {
       assert.ok(!/<script>/.test(shell.text), "no inline script");
       assert.ok(!/ style=/.test(shell.text), "no inline style");
       assert.ok(!/https?:\/\//.test(shell.text.replaceAll("http://www.w3.org/2000/svg", "")));
+      const run = await get(w, `/console/runs/${crypto.randomUUID()}`);
+      assert.match(run.text, /data-live="\/console\/live\/runs\/[0-9a-f-]{36}"/);
+      assert.match(run.text, /<p id="live" class="live" role="status" hidden(="")?>/);
+      assert.ok(!shell.text.includes('id="live"'), "only a run page is live");
       const redirect = await w.app.request("/console");
       assert.equal(redirect.status, 303);
       assert.equal(redirect.headers.get("location"), "/console/runs");
@@ -180,6 +201,7 @@ Deno.test("console: pages, fragments and run events", async (t) => {
       for (
         const path of [
           `/console/fragments/runs/${mine.run_id}`,
+          `/console/live/runs/${mine.run_id}`,
           `/v1/runs/${mine.run_id}/events`,
         ]
       ) {
@@ -192,6 +214,15 @@ Deno.test("console: pages, fragments and run events", async (t) => {
       assert.match(theirs.text, /<div class="value" id="queued">0<\/div>/);
       const ours = await get(w, "/console/fragments/queue", w.acme);
       assert.doesNotMatch(ours.text, /<div class="value" id="queued">0<\/div>/);
+    });
+
+    await t.step("without a RunWatch, a run page's live stream is refused: 503", async () => {
+      const run = await admit(w, w.acme, {});
+      const r = await get(w, `/console/live/runs/${run.run_id}`, w.acme);
+      assert.equal(r.status, 503, r.text);
+      assert.ok(r.headers.get("retry-after"));
+      assert.match(JSON.parse(r.text).type, /\/busy$/);
+      assert.equal((await get(w, `/console/live/runs/${run.run_id}`)).status, 401);
     });
 
     await t.step("GET /v1/runs/{id}/events lists the run's events in order", async () => {
@@ -270,6 +301,62 @@ Deno.test("console: pages, fragments and run events", async (t) => {
       },
     );
   } finally {
+    await w.db.drop();
+  }
+});
+
+/** Reads an event stream to its end (or `signal`), as id/event pairs. */
+async function readStream(res: Response): Promise<{ id: number; event: string }[]> {
+  const text = await res.text();
+  return [...text.matchAll(/^id: (\d+)\nevent: (\S+)\n/gm)].map((m) => ({
+    id: Number(m[1]),
+    event: m[2],
+  }));
+}
+
+Deno.test("console: a run page's live stream is its tenant's run's event stream", async (t) => {
+  const w = await world(true);
+  const live = (runId: string, token: string, extra: Record<string, string> = {}) =>
+    w.app.request(`/console/live/runs/${runId}`, {
+      headers: { authorization: `Bearer ${token}`, ...extra },
+      // A stream that never ends fails the test instead of hanging it.
+      signal: AbortSignal.timeout(20_000),
+    });
+  try {
+    await t.step("it streams the run's events and ends once the run is final", async () => {
+      const run = await admit(w, w.acme, {});
+      const res = await live(run.run_id, w.acme);
+      assert.equal(res.status, 200);
+      assert.equal(res.headers.get("content-type"), "text/event-stream; charset=utf-8");
+      assertSecurityHeaders(res.headers, "/console/live/runs/:run_id");
+      assert.equal(w.watch?.watchers, 1);
+      const events = readStream(res);
+      const cancel = await w.app.request(`/v1/runs/${run.run_id}/cancel`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${w.acme}` },
+      });
+      assert.equal(cancel.status, 200);
+      assert.deepEqual(await events, [
+        { id: 1, event: "run.admitted" },
+        { id: 2, event: "run.cancelled" },
+      ]);
+      assert.equal(w.watch?.watchers, 0, "the slot is given back");
+      // Resumed after what the page shows: only what came since.
+      const after = await live(run.run_id, w.acme, { "last-event-id": "1" });
+      assert.deepEqual(await readStream(after), [{ id: 2, event: "run.cancelled" }]);
+    });
+
+    await t.step("another tenant's run, or no run, is a 404 on the stream too", async () => {
+      const run = await admit(w, w.acme, {});
+      for (const [id, token] of [[run.run_id, w.globex], ["not-a-run", w.acme]]) {
+        const res = await live(id, token);
+        assert.equal(res.status, 404, await res.text());
+      }
+      assert.equal((await live(crypto.randomUUID(), w.acme)).status, 404);
+      assert.equal(w.watch?.watchers, 0, "no slot taken for a refused stream");
+    });
+  } finally {
+    await w.watch?.stop();
     await w.db.drop();
   }
 });

@@ -3,8 +3,10 @@
  * Debian's package, tests/support/browser.ts) against the real API process:
  * log in with a token, find a run by its dispatch key, open it, cancel it and
  * watch its status change; and a run whose dispatch key and input are
- * markup is shown as text. Along the way: the CSP header is there, nothing
- * violates it, and no request leaves localhost.
+ * markup is shown as text; an open run's page follows the run live, and
+ * with its stream refused says so and still shows the run. Along the way:
+ * the CSP header is there, nothing violates it, and no request leaves
+ * localhost.
  *
  * CONSOLE_SCREENSHOTS=docs/console also saves one screenshot per page there
  * (docs/console.md shows them).
@@ -276,6 +278,103 @@ Deno.test({
     await onlyOwnScript();
 
     assert.deepEqual(seen.dialogs, [], "no dialog fired");
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});
+
+Deno.test({
+  name: "console: an open run's page follows it live, queued to running to succeeded, no reload",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("live");
+    // No worker yet: it waits, queued.
+    // Long enough to be seen running while its stream is still open.
+    const runId = await s.admit({ workflow_ref: "sleep", input: { ms: 3000 } });
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+    await page.goto(`${s.api.url}/console/runs/${runId}`);
+    await page.locator("#run-status [data-status=queued]").waitFor();
+    await page.locator("#live[data-state=live]").waitFor();
+    assert.match(await page.locator("#live").textContent() ?? "", /Live/);
+    // Gone after a reload: what tells this page was updated in place.
+    await page.evaluate("document.body.dataset.mark = 'never reloaded'");
+
+    const worker = new PoimenProcess("worker", { DATABASE_URL: s.db.url, WORKER_POLL_MS: "100" });
+    try {
+      await page.locator("#run-status [data-status=running]").waitFor({ timeout: LONG });
+      await page.locator("#run-status [data-status=succeeded]").waitFor({ timeout: LONG });
+    } finally {
+      await worker.stop();
+    }
+    assert.equal(await page.locator("body[data-mark='never reloaded']").count(), 1);
+    assert.match(await page.locator("#events").textContent() ?? "", /run\.succeeded/);
+    await page.locator("#live[data-state=final]").waitFor();
+    assert.equal(await page.locator("#live-refresh").isVisible(), false);
+    assert.equal(await page.locator("#message").isVisible(), false);
+
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});
+
+Deno.test({
+  name: "console: with its stream refused, a run's page still shows the run and says to reload",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("unlive");
+    const runId = await s.admit({ workflow_ref: "echo", input: { live: false } });
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+    const LIVE = "**/console/live/runs/**";
+    const shownOff = async (why: RegExp) => {
+      await page.locator("#run-status [data-status=queued]").waitFor();
+      await page.locator("#live[data-state=off]").waitFor();
+      const text = await page.locator("#live").textContent() ?? "";
+      assert.match(text, /Not live/);
+      assert.match(text, why);
+      assert.ok(await page.locator("#live-refresh").isVisible());
+      assert.equal(await page.locator("#message").isVisible(), false);
+    };
+
+    // The API is busy (all its watcher slots taken).
+    await page.route(LIVE, (route) =>
+      route.fulfill({
+        status: 503,
+        headers: { "retry-after": "1" },
+        contentType: "application/problem+json",
+        body: JSON.stringify({ title: "Server busy", status: 503, detail: "retry later" }),
+      }));
+    await page.goto(`${s.api.url}/console/runs/${runId}`);
+    await shownOff(/Server busy/);
+    await page.unrouteAll();
+
+    // Blocked on the way (a proxy, an extension).
+    await page.route(LIVE, (route) => route.abort());
+    await page.reload();
+    await shownOff(/could not be opened/);
+    await page.unrouteAll();
+
+    // A browser that cannot read a stream.
+    await page.addInitScript({ content: "delete globalThis.ReadableStream;" });
+    await page.reload();
+    await shownOff(/cannot read a stream/);
+
+    // What it did before it was live: the run changes, the page stays as
+    // loaded, and Reload shows the change.
+    const worker = new PoimenProcess("worker", { DATABASE_URL: s.db.url, WORKER_POLL_MS: "100" });
+    try {
+      await waitFor("the run succeeded", async () => await s.status(runId) === "succeeded", LONG);
+    } finally {
+      await worker.stop();
+    }
+    assert.equal(await page.locator("#run-status [data-status=queued]").count(), 1);
+    await page.locator("#live-refresh").click();
+    await page.locator("#run-status [data-status=succeeded]").waitFor();
+    await page.locator("#live[data-state=final]").waitFor();
+
     assert.deepEqual(seen.foreignRequests, []);
     assert.deepEqual(seen.cspViolations, []);
   },

@@ -2,7 +2,10 @@
  * The console at /console, served by the API process. Pages are shells
  * without tenant data (no token travels on a navigation); their data comes
  * from /console/fragments/*, behind the same bearer tokens as /v1, fetched
- * by /console/app.js. Every response carries a strict Content-Security-Policy:
+ * by /console/app.js; an open run's page follows /console/live/runs/{id},
+ * the run's event stream (api/run_stream.ts) behind the same tokens, and
+ * reloads its fragment on each event. Every response carries a strict
+ * Content-Security-Policy:
  * only same-origin script, style and fetches, no inline script or style, no
  * framing, no form posts elsewhere.
  */
@@ -20,6 +23,9 @@ import {
 } from "../../db/queue_overview.ts";
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
+import type { Logger } from "../../core/log.ts";
+import { lastEventId, runEventStream } from "../run_stream.ts";
+import type { RunWatch } from "../run_watch.ts";
 import { parseQuery } from "../request.ts";
 import { listRunsPage, MAX_RUN_EVENTS, toRun, toRunEvent } from "../runs.ts";
 import type { ConsoleAssets } from "./assets.ts";
@@ -38,10 +44,16 @@ export const CONSOLE_CSP = [
   "base-uri 'none'",
 ].join("; ");
 
+/** What the console's routes need. */
 export interface ConsoleDeps {
   sql: Sql;
   auth: Authenticator;
   assets: ConsoleAssets;
+  log: Logger;
+  /** Wakes a run page's event stream; without it, run pages are not live (503). */
+  watch?: RunWatch;
+  /** An idle event stream's comment-line interval (RUN_STREAM_HEARTBEAT_MS). */
+  heartbeatMs?: number;
 }
 
 const securityHeaders: MiddlewareHandler<ApiEnv> = async (c, next) => {
@@ -97,6 +109,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         page: "run",
         title: "Run",
         fragment: `/console/fragments/runs/${runId}`,
+        live: `/console/live/runs/${runId}`,
       }),
     );
   });
@@ -105,13 +118,16 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
       await renderShell({ page: "queue", title: "Queue", fragment: "/console/fragments/queue" }),
     ));
 
-  app.use("/fragments/*", async (c, next) => {
+  // Fragments and streams: bearer tokens (app.js sends the tab's), as /v1.
+  const authenticated: MiddlewareHandler<ApiEnv> = async (c, next) => {
     c.set(
       "principal",
       await deps.auth.authenticate(c.req.header("authorization"), c.req.header(HEADERS.tenant)),
     );
     await next();
-  });
+  };
+  app.use("/fragments/*", authenticated);
+  app.use("/live/*", authenticated);
 
   app.get("/fragments/whoami", (c) => c.json({ tenant: c.get("principal").tenantId }));
 
@@ -142,7 +158,42 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     const events = await selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS);
     return c.html(
-      <RunFragment tenant={tenant} run={toRun(row)} events={events.map(toRunEvent)} />,
+      <RunFragment
+        tenant={tenant}
+        run={toRun(row)}
+        events={events.map(toRunEvent)}
+        eventSeq={row.event_seq}
+      />,
+    );
+  });
+
+  // The run's event stream, as GET /v1/runs/{id}/events sends it with
+  // Accept: text/event-stream. Fetched (not EventSource, which cannot send
+  // the bearer token; the console has no cookie to send instead), so it
+  // answers the stream whatever the Accept header.
+  app.get("/live/runs/:run_id", async (c) => {
+    const runId = c.req.param("run_id");
+    const tenant = c.get("principal").tenantId;
+    const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenant, runId) : undefined;
+    if (!row) throw new PoimenError("not-found", `no run ${runId}`);
+    if (!deps.watch) {
+      throw new PoimenError("busy", "this API process does not offer live updates");
+    }
+    // The slot first: a full API answers 503 and the page falls back to reloads.
+    const watcher = deps.watch.open(tenant, runId);
+    return runEventStream(
+      {
+        sql,
+        watch: deps.watch,
+        log: deps.log,
+        toEvent: toRunEvent,
+        heartbeatMs: deps.heartbeatMs,
+      },
+      tenant,
+      runId,
+      lastEventId(c.req.header("last-event-id")),
+      watcher,
+      c.req.raw.signal,
     );
   });
 

@@ -143,14 +143,20 @@ export function RunsFragment({ tenant, filter, runs, nextCursor, paged }: {
   );
 }
 
-/** One run: what it is, its input, its result or error, and its event timeline. */
-export function RunFragment({ tenant, run, events }: {
+/**
+ * One run: what it is, its input, its result or error, and its event
+ * timeline. `data-event-seq` is the seq of its last event (shown or purged):
+ * where app.js resumes the run's event stream, so an event already shown
+ * does not reload the fragment again.
+ */
+export function RunFragment({ tenant, run, events, eventSeq }: {
   tenant: string;
   run: Run;
   events: RunEvent[];
+  eventSeq: number;
 }) {
   return (
-    <section>
+    <section id="run" data-event-seq={String(eventSeq)} data-status={run.status}>
       <h1>
         Run <span class="mono" id="run-id">{run.run_id}</span>
       </h1>

@@ -2,7 +2,8 @@
  * The console's page shells: server-rendered HTML without tenant data. A
  * browser cannot send a bearer token on a navigation, so each shell names
  * the fragment it shows (`data-fragment`), and /console/app.js fetches that
- * fragment with the token this tab holds.
+ * fragment with the token this tab holds; a shell that names a stream
+ * (`data-live`) also follows it, and says whether it does (`#live`).
  */
 import type { Child } from "hono/jsx";
 
@@ -14,10 +15,12 @@ interface ShellProps {
   title: string;
   /** Where app.js fetches this page's content (the page's query string is appended). */
   fragment?: string;
+  /** The stream of events after which app.js reloads the fragment (an open run's page). */
+  live?: string;
   children?: Child;
 }
 
-function Shell({ page, title, fragment, children }: ShellProps) {
+function Shell({ page, title, fragment, live, children }: ShellProps) {
   return (
     <html lang="en">
       <head>
@@ -29,7 +32,7 @@ function Shell({ page, title, fragment, children }: ShellProps) {
         <link rel="stylesheet" href="/console/console.css" />
         <script src="/console/app.js" defer></script>
       </head>
-      <body data-page={page} data-fragment={fragment}>
+      <body data-page={page} data-fragment={fragment} data-live={live}>
         <header>
           <span class="brand">poimen</span>
           <nav>
@@ -39,6 +42,15 @@ function Shell({ page, title, fragment, children }: ShellProps) {
           <button id="logout" class="quiet" type="button" hidden>Log out</button>
         </header>
         <div id="message" role="alert" hidden></div>
+        {live
+          ? (
+            // Whether the page follows the run (app.js fills it in).
+            <p id="live" class="live" role="status" hidden>
+              <span id="live-text"></span>{" "}
+              <button id="live-refresh" class="quiet" type="button" hidden>Reload</button>
+            </p>
+          )
+          : ""}
         <main id="content">
           {children ?? <p class="muted">Loading…</p>}
           <noscript>

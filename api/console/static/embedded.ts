@@ -7,7 +7,9 @@ export const appJs: string = `\
 // server-rendered, escaped HTML fragment with the bearer token the person
 // typed, which lives in this tab's sessionStorage only: nothing is stored
 // beyond the tab, and no cookie is ever set, so no other site can make the
-// browser act with it.
+// browser act with it. An open run's page also reads the run's event stream
+// (body data-live) and reloads its fragment on each event; the stream is
+// fetched rather than opened with EventSource, which cannot send the token.
 "use strict";
 
 const TOKEN = "poimen.token";
@@ -65,6 +67,155 @@ async function loadFragment() {
   document.body.dataset.loaded = "true";
 }
 
+// Reloads the fragment after events, one load at a time: events that come
+// during a load cost one more load, not one each.
+let loading;
+let loadAgain = false;
+function refresh() {
+  if (loading) {
+    loadAgain = true;
+    return loading;
+  }
+  loading = (async () => {
+    do {
+      loadAgain = false;
+      await loadFragment();
+    } while (loadAgain);
+  })().finally(() => {
+    loading = undefined;
+  });
+  return loading;
+}
+
+const FINAL = new Set(["succeeded", "failed", "cancelled"]);
+// Stream openings in a row that brought no event before the page gives up
+// following (an API that keeps ending streams: it is stopping).
+const MAX_EMPTY_STREAMS = 5;
+
+// Says on the page whether it follows the run; \`reload\` offers the button.
+function setLive(state, text, reload) {
+  const box = document.getElementById("live");
+  box.dataset.state = state;
+  document.getElementById("live-text").textContent = text;
+  document.getElementById("live-refresh").hidden = !reload;
+  box.hidden = false;
+}
+
+function pause(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
+}
+
+// Reads a server-sent event stream until it ends, calling \`onEvent\` for each
+// event (an id: line); comment lines only keep it open. Resolves with how
+// many events came.
+async function readEvents(body, onEvent) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let events = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return events;
+    buffer += decoder.decode(value, { stream: true });
+    const blocks = buffer.split(/\\r?\\n\\r?\\n/);
+    buffer = blocks.pop();
+    for (const block of blocks) {
+      if (/^id:/m.test(block)) {
+        events++;
+        onEvent();
+      }
+    }
+  }
+}
+
+let following;
+
+// Follows the run while it is open: a stream resumed after the last event
+// the fragment shows, a reload per event, a new stream when one is cut.
+// Refused (busy, no stream in this browser, an error), the page stays as
+// loaded and says to reload it: what it did before it was live.
+async function follow() {
+  following?.abort();
+  const stop = new AbortController();
+  following = stop;
+  const url = document.body.dataset.live;
+  let empty = 0;
+  let opened = false;
+  setLive("connecting", "Connecting to live updates…", false);
+  while (!stop.signal.aborted) {
+    const run = document.getElementById("run");
+    // No run shown (not found, or an error): nothing to follow.
+    if (!run) {
+      document.getElementById("live").hidden = true;
+      return;
+    }
+    if (FINAL.has(run.dataset.status)) {
+      return setLive("final", \`Run \${run.dataset.status}: no more updates.\`, false);
+    }
+    if (typeof ReadableStream !== "function" || !("body" in Response.prototype)) {
+      return setLive("off", "Not live: this browser cannot read a stream. Reload to update.", true);
+    }
+    // A stream cut without an event: the server's retry: interval before the next.
+    if (empty > 0) await pause(2000, stop.signal);
+    let res;
+    try {
+      res = await fetch(url, {
+        headers: {
+          ...headers(),
+          accept: "text/event-stream",
+          "last-event-id": run.dataset.eventSeq,
+        },
+        cache: "no-store",
+        signal: stop.signal,
+      });
+    } catch {
+      if (stop.signal.aborted) return;
+      // Never opened (blocked, or no such route in front of the API): give up
+      // at once; cut after it was live: try again.
+      if (!opened) {
+        return setLive("off", "Not live: the stream could not be opened. Reload to update.", true);
+      }
+    }
+    if (res?.status === 401) {
+      sessionStorage.removeItem(TOKEN);
+      return toLogin();
+    }
+    if (res && !res.ok) {
+      return setLive("off", \`Not live (\${await problemText(res)}). Reload to update.\`, true);
+    }
+    let events = 0;
+    if (res?.body) {
+      opened = true;
+      setLive("live", "Live: this page updates as the run changes.", false);
+      try {
+        events = await readEvents(res.body, () => {
+          refresh().catch((err) => showError(String(err)));
+        });
+      } catch {
+        if (stop.signal.aborted) return;
+      }
+    }
+    empty = events > 0 ? 0 : empty + 1;
+    if (empty >= MAX_EMPTY_STREAMS) {
+      return setLive("off", "Not live: the stream keeps ending. Reload to update.", true);
+    }
+    // Ended: the run is final, or the stream was cut. The fragment says which.
+    await refresh();
+  }
+}
+
+async function reloadAndFollow() {
+  document.getElementById("message").hidden = true;
+  await refresh();
+  await follow();
+}
+
 async function cancelRun(button) {
   button.disabled = true;
   const runId = button.dataset.cancel;
@@ -113,6 +264,13 @@ function start() {
     const button = e.target instanceof Element ? e.target.closest("button[data-cancel]") : null;
     if (button) cancelRun(button).catch((err) => showError(String(err)));
   });
+  if (document.body.dataset.live) {
+    document.getElementById("live-refresh").addEventListener("click", () => {
+      reloadAndFollow().catch((err) => showError(String(err)));
+    });
+    reloadAndFollow().catch((err) => showError(String(err)));
+    return;
+  }
   loadFragment().catch((err) => showError(String(err)));
 }
 
@@ -186,6 +344,30 @@ h2 {
   background: #fdf1f1;
   color: #8a1f1f;
   border-radius: 4px;
+}
+/* Whether a run page follows its run: app.js sets data-state. */
+.live {
+  margin: 1rem 1.5rem 0;
+  color: var(--muted);
+  font-size: 12px;
+}
+.live::before {
+  content: "";
+  display: inline-block;
+  width: 0.55rem;
+  height: 0.55rem;
+  margin-right: 0.4rem;
+  border-radius: 50%;
+  background: var(--line);
+}
+.live[data-state="live"]::before {
+  background: #2e9b57;
+}
+.live[data-state="off"]::before {
+  background: #c99a1a;
+}
+.live button {
+  padding: 0.1rem 0.45rem;
 }
 form.filters {
   display: flex;
