@@ -7,6 +7,11 @@
  * always sends the same `dispatch_key`, so retries never make a second run.
  * Errors are `PoimenProblem`s typed from the API's problem+json `type`.
  *
+ * `waitForRun` (and `admitRun` with `waitMs`) hold a request open until the
+ * run is final (`Prefer: wait=N`), so nobody polls; `followRun` yields a
+ * run's events as they commit (`text/event-stream`), resuming a dropped
+ * connection with `Last-Event-ID`.
+ *
  * It needs nothing but `fetch`: at run time it loads no third-party code
  * (the run types are plain TypeScript, from contracts/wire.ts), so importing
  * it pulls in neither zod nor any Postgres or Kafka code.
@@ -19,6 +24,8 @@
  *   { workflow_ref: "echo", input: { hello: "world" } },
  *   { idempotent: true },
  * );
+ * const done = await poimen.waitForRun(run.run_id, { timeoutMs: 120_000 });
+ * if (done.status === "succeeded") console.log(done.result);
  * ```
  *
  * @module
@@ -28,12 +35,14 @@ import {
   type Problem,
   type ProblemFieldError,
   type Run,
+  type RunEvent,
   type RunPage,
   type RunRequest,
   type RunStatus,
   type WaitingFor,
 } from "../contracts/wire.ts";
-import { backoffWithJitter, SECOND } from "../core/time.ts";
+import { SECOND } from "../core/time.ts";
+import { followEvents, type FollowRunOptions, openEventStream } from "./follow_run.ts";
 import {
   type ApiAnswer,
   PoimenNetworkError,
@@ -43,8 +52,28 @@ import {
   type SendInit,
   unexpectedAnswer,
 } from "./problems.ts";
+import {
+  type RequestOptions,
+  retrying,
+  type RetryOptions,
+  retrySettings,
+  transient,
+} from "./retry.ts";
+import { waitForFinal, type WaitForRunOptions, waitSeconds } from "./wait_for_run.ts";
 
-export type { Problem, ProblemFieldError, Run, RunPage, RunRequest, RunStatus, WaitingFor };
+export type {
+  Problem,
+  ProblemFieldError,
+  Run,
+  RunEvent,
+  RunPage,
+  RunRequest,
+  RunStatus,
+  WaitingFor,
+};
+export type { FollowRunOptions, ReconnectInfo } from "./follow_run.ts";
+export type { RequestOptions, RetryInfo, RetryOptions } from "./retry.ts";
+export type { WaitForRunOptions } from "./wait_for_run.ts";
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,
@@ -54,42 +83,6 @@ export {
   type SendInit,
 } from "./problems.ts";
 export { PoimenNetworkError, PoimenProblem };
-
-/** How a call retries; every field has a default. */
-export interface RetryOptions {
-  /** Attempts in all, the first included (default 6; 1 = no retry). */
-  maxAttempts?: number;
-  /**
-   * The call gives up this many ms after it began (default: never): an
-   * attempt still waiting then times out, and a retry that could not start
-   * before it (a backoff or `Retry-After` past it) is not made.
-   */
-  deadlineMs?: number;
-  /** First backoff ceiling, in ms; it doubles per retry (default 200). */
-  baseDelayMs?: number;
-  /** Largest backoff ceiling, in ms (default 10 s); a longer `Retry-After` still wins. */
-  maxDelayMs?: number;
-}
-
-/** What `onRetry` is told before each retry. */
-export interface RetryInfo {
-  /** The attempt that failed (1 = the first). */
-  attempt: number;
-  /** How long the client waits before the next attempt. */
-  delayMs: number;
-  /** Why the attempt failed. */
-  error: PoimenProblem | PoimenNetworkError;
-}
-
-/** Options of one call. */
-export interface RequestOptions extends RetryOptions {
-  /** Aborts the call (also while it waits to retry); it rejects with the signal's reason. */
-  signal?: AbortSignal;
-  /** Longest one attempt may take, in ms (default: the client's, 30 s). */
-  timeoutMs?: number;
-  /** Called before each retry, e.g. to log it. */
-  onRetry?: (info: RetryInfo) => void;
-}
 
 /** Options of `admitRun`. */
 export interface AdmitOptions extends RequestOptions {
@@ -102,6 +95,14 @@ export interface AdmitOptions extends RequestOptions {
   idempotent?: boolean;
   /** A W3C `traceparent` to pass on (the run's admission joins that trace). */
   traceparent?: string;
+  /**
+   * Wait up to this long, in ms, for the run to be final before answering
+   * (`Prefer: wait=N`: rounded up to whole seconds, at most 60 s). The run
+   * comes back as it then is: check its `status`, and call `waitForRun`
+   * to wait longer. Each attempt may take this much longer than `timeoutMs`.
+   * Without it, the API answers at once.
+   */
+  waitMs?: number;
 }
 
 /** What `admitRun` came to. */
@@ -158,18 +159,7 @@ export interface PoimenClientOptions {
   retry?: RetryOptions;
 }
 
-const DEFAULT_RETRY: Required<Omit<RetryOptions, "deadlineMs">> = {
-  maxAttempts: 6,
-  baseDelayMs: 200,
-  maxDelayMs: 10 * SECOND,
-};
 const DEFAULT_TIMEOUT = 30 * SECOND;
-
-/** Whether a failure is worth another attempt of a request that is safe to repeat. */
-function transient(error: PoimenProblem | PoimenNetworkError): boolean {
-  if (error instanceof PoimenNetworkError) return true;
-  return refusedForNow(error.status) || error.status >= 500;
-}
 
 /**
  * A client of one poimen API for one tenant. Every method is safe to call
@@ -212,8 +202,10 @@ export class PoimenClient {
     );
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (opts.traceparent !== undefined) headers.traceparent = opts.traceparent;
+    const wait = waitSeconds(opts.waitMs ?? 0);
+    if (wait > 0) headers.prefer = `wait=${wait}`;
     const { value: res, attempts } = await this.#retrying(
-      opts,
+      wait > 0 ? { ...opts, timeoutMs: (opts.timeoutMs ?? this.#timeoutMs) + wait * SECOND } : opts,
       dispatchKey === null
         ? (e) => e instanceof PoimenProblem && refusedForNow(e.status)
         : transient,
@@ -238,6 +230,77 @@ export class PoimenClient {
     const url = `${this.#runsUrl}/${encodeURIComponent(runId)}`;
     const { value } = await this.#retrying(opts, transient, (s) => this.#call("GET", url, s));
     return value.json as Run;
+  }
+
+  /**
+   * Waits for a run to be final (succeeded, failed or cancelled), asking the
+   * API to hold each `GET /v1/runs/{id}` until it is (`Prefer: wait=N`, up
+   * to 60 s each, again until `timeoutMs` passed). Resolves with the run as
+   * last seen, final or not: when the time ran out first it is still
+   * `queued` or `running`, so check `status`. Network errors, 408, 429 and
+   * 5xx are retried by the client's rules (a `busy` 503's `Retry-After`
+   * included); a deadline reached while waiting or retrying resolves with
+   * the run last seen. Rejects with a `PoimenProblem` (e.g. 404
+   * `not-found`), a `PoimenNetworkError` once retries are spent (or when
+   * not even one read succeeded), or the signal's reason.
+   *
+   * ```ts
+   * const run = await poimen.waitForRun(runId, { timeoutMs: 5 * 60_000 });
+   * if (run.status === "succeeded") console.log(run.result);
+   * else if (run.status === "failed") console.error(run.error);
+   * else console.log("still", run.status);
+   * ```
+   */
+  async waitForRun(runId: string, opts: WaitForRunOptions): Promise<Run> {
+    const url = `${this.#runsUrl}/${encodeURIComponent(runId)}`;
+    const { maxAttempts } = retrySettings(opts, this.#retry);
+    return await waitForFinal(opts, maxAttempts, async (wait, request, counted) => {
+      const headers = wait > 0 ? { prefer: `wait=${wait}` } : undefined;
+      const { value } = await this.#retrying(
+        { ...request, timeoutMs: this.#timeoutMs + wait * SECOND },
+        transient,
+        (s) => counted(this.#call("GET", url, s, { headers })),
+      );
+      return { run: value.json as Run, waited: value.answer.headers.has("preference-applied") };
+    });
+  }
+
+  /**
+   * The run's events as they happen (`GET /v1/runs/{id}/events` as
+   * `text/event-stream`): first those it already has, then each as it
+   * commits, each yielded once and in order; the iteration ends after the
+   * run's final event (`run.succeeded`, `run.failed`, `run.cancelled`).
+   * A connection that drops (or sends nothing, not even its keep-alive, for
+   * `idleTimeoutMs`) is replaced after the client's backoff, with
+   * `Last-Event-ID` set to the last seq yielded, so nothing is missed or
+   * repeated; opening each connection is retried like `getRun` (a `busy`
+   * 503's `Retry-After` included), and the iteration rejects once that
+   * fails for good (a 404 `not-found` at once). Events the API purged
+   * (published, after a while) are not there to yield. `break` ends it and
+   * closes the connection; the signal aborts it with its reason.
+   *
+   * ```ts
+   * for await (const event of poimen.followRun(runId)) {
+   *   console.log(event.seq, event.type, event.payload);
+   * }
+   * ```
+   */
+  followRun(runId: string, opts: FollowRunOptions = {}): AsyncIterableIterator<RunEvent> {
+    const url = `${this.#runsUrl}/${encodeURIComponent(runId)}`;
+    const request: RequestOptions = { ...opts, timeoutMs: opts.connectTimeoutMs };
+    const { baseDelayMs, maxDelayMs } = retrySettings(opts, this.#retry);
+    return followEvents({
+      open: async (after, signal) => {
+        const headers: Record<string, string> = { ...this.#headers, accept: "text/event-stream" };
+        if (after > 0) headers["last-event-id"] = String(after);
+        const open = (attempt: AbortSignal) =>
+          openEventStream(this.#fetch, `${url}/events`, headers, signal, attempt);
+        return (await this.#retrying({ ...request, signal }, transient, open)).value;
+      },
+      getRun: (signal) => this.getRun(runId, { ...request, signal }),
+      baseDelayMs,
+      maxDelayMs,
+    }, opts);
   }
 
   /**
@@ -284,39 +347,12 @@ export class PoimenClient {
   }
 
   /** Runs `attempt` until it succeeds, `retry` says no, or the attempts, deadline or signal end it. */
-  async #retrying<T>(
+  #retrying<T>(
     opts: RequestOptions,
     retry: (error: PoimenProblem | PoimenNetworkError) => boolean,
     attempt: (signal: AbortSignal) => Promise<T>,
   ): Promise<{ value: T; attempts: number }> {
-    const maxAttempts = opts.maxAttempts ?? this.#retry.maxAttempts ?? DEFAULT_RETRY.maxAttempts;
-    const base = opts.baseDelayMs ?? this.#retry.baseDelayMs ?? DEFAULT_RETRY.baseDelayMs;
-    const cap = opts.maxDelayMs ?? this.#retry.maxDelayMs ?? DEFAULT_RETRY.maxDelayMs;
-    const deadlineMs = opts.deadlineMs ?? this.#retry.deadlineMs;
-    const deadline = deadlineMs === undefined ? Infinity : Date.now() + deadlineMs;
-    const timeoutMs = opts.timeoutMs ?? this.#timeoutMs;
-    for (let n = 1;; n++) {
-      opts.signal?.throwIfAborted();
-      const timeout = AbortSignal.timeout(Math.max(1, Math.min(timeoutMs, deadline - Date.now())));
-      const signal = opts.signal ? AbortSignal.any([opts.signal, timeout]) : timeout;
-      try {
-        return { value: await attempt(signal), attempts: n };
-      } catch (err) {
-        if (opts.signal?.aborted) throw opts.signal.reason;
-        const error = timeout.aborted && !(err instanceof PoimenProblem)
-          ? new PoimenNetworkError("timeout", `no answer within ${timeoutMs} ms`, { cause: err })
-          : err;
-        if (!(error instanceof PoimenProblem || error instanceof PoimenNetworkError)) throw error;
-        if (n >= maxAttempts || !retry(error)) throw error;
-        // Exponential backoff with full jitter, never shorter than Retry-After:
-        // a Retry-After alone would have every client come back at once.
-        const retryAfter = error instanceof PoimenProblem ? error.retryAfterMs ?? 0 : 0;
-        const delayMs = Math.max(retryAfter, backoffWithJitter(n - 1, base, cap));
-        if (Date.now() + delayMs >= deadline) throw error;
-        opts.onRetry?.({ attempt: n, delayMs, error });
-        await sleep(delayMs, opts.signal);
-      }
-    }
+    return retrying(opts, this.#retry, this.#timeoutMs, retry, attempt);
   }
 
   /**
@@ -377,20 +413,4 @@ export class PoimenClient {
     }
     throw problemFromAnswer(answer);
   }
-}
-
-/** Resolves after `ms`; rejects with the signal's reason when it aborts first. */
-function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason);
-    const timer = setTimeout(() => {
-      signal?.removeEventListener("abort", abort);
-      resolve();
-    }, ms);
-    function abort() {
-      clearTimeout(timer);
-      reject(signal!.reason);
-    }
-    signal?.addEventListener("abort", abort, { once: true });
-  });
 }

@@ -340,6 +340,7 @@ const sameShapes: [
   Same<WaitingFor, Wire.WaitingFor>,
   Same<Run, Wire.Run>,
   Same<RunPage, Wire.RunPage>,
+  Same<RunEvent, Wire.RunEvent>,
   Same<Problem, Wire.Problem>,
-] = [true, true, true, true, true, true];
+] = [true, true, true, true, true, true, true];
 void sameShapes;

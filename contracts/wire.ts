@@ -102,6 +102,22 @@ export interface RunPage {
   next_cursor: string | null;
 }
 
+/** One event of a run (`GET /v1/runs/{run_id}/events`, and each event of its stream). */
+export interface RunEvent {
+  /** Per-run sequence number, from 1. */
+  seq: number;
+  /** `run.admitted`, `run.started`, `run.succeeded`, … */
+  type: string;
+  /** What the event carries (any JSON). */
+  payload: unknown;
+  /** When it happened (RFC 3339). */
+  at: string;
+  /** When the outbox shipped it to Kafka. */
+  published_at: string | null;
+  /** Set aside by the outbox: it can never be shipped. */
+  parked_at: string | null;
+}
+
 /** One failing field of a schema error. */
 export interface ProblemFieldError {
   /** Where in the body, dot-separated (`input.items.0`), or `(body)`. */

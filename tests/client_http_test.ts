@@ -532,8 +532,12 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
   const root = new URL("../", import.meta.url).href;
   const local = info.modules.map((m) => m.specifier.replace(root, "")).sort();
   assert.deepEqual(local, [
+    "client/event_stream.ts",
+    "client/follow_run.ts",
     "client/http.ts",
     "client/problems.ts",
+    "client/retry.ts",
+    "client/wait_for_run.ts",
     "contracts/wire.ts",
     "core/errors.ts",
     "core/time.ts",
