@@ -67,7 +67,9 @@ export function runEventStream(
         let sent = after;
         // Tells EventSource how long to wait before reconnecting.
         write("retry: 2000\n\n");
-        while (!gone.signal.aborted && !deps.watch.stopped) {
+        // Each turn sends what the run has past `sent`, so even a stream
+        // opened on a stopping API (a client resuming) gets what it missed.
+        while (!gone.signal.aborted) {
           const epoch = deps.watch.epoch;
           const run = await selectRun(deps.sql, tenantId, runId);
           if (!run) return; // purged while followed
@@ -83,6 +85,8 @@ export function runEventStream(
           // The run was read before its events: a final run's events were all
           // committed by then, and have all been sent (those not purged).
           if (FINAL_STATUSES.has(run.status)) return;
+          // A stopping API ends its streams; clients resume elsewhere.
+          if (deps.watch.stopped) return;
           // Wait for the next change, with a comment line while idle.
           const moved = watcher.next(run.event_seq, epoch, gone.signal).then(() => true);
           while (!gone.signal.aborted) {
