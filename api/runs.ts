@@ -159,6 +159,36 @@ export function decodeCursor(cursor: string): string {
   return runId;
 }
 
+/**
+ * A run's events as a server-sent event stream answering `req` (its
+ * `Last-Event-ID`, its client going away): `GET /v1/runs/{id}/events` and
+ * the console's live run page. The run must be the caller's (checked
+ * before). Takes the watcher slot first, so a full API answers 503 `busy`
+ * before any stream starts.
+ */
+export function runEventsResponse(
+  deps: Pick<RunsDeps, "sql" | "log" | "heartbeatMs"> & { watch: RunWatch },
+  tenantId: string,
+  runId: string,
+  req: Request,
+): Response {
+  const watcher = deps.watch.open(tenantId, runId);
+  return runEventStream(
+    {
+      sql: deps.sql,
+      watch: deps.watch,
+      log: deps.log,
+      toEvent: toRunEvent,
+      heartbeatMs: deps.heartbeatMs,
+    },
+    tenantId,
+    runId,
+    lastEventId(req.headers.get("last-event-id")),
+    watcher,
+    req.signal,
+  );
+}
+
 /** Whether an Accept header asks for a server-sent event stream (JSON stays the default). */
 export function wantsEventStream(accept: string | undefined): boolean {
   return accept !== undefined && /(^|,)\s*text\/event-stream\s*(;|,|$)/i.test(accept);
@@ -255,22 +285,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenantId, runId) : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     if (deps.watch && wantsEventStream(c.req.header("accept"))) {
-      // The slot first: a full API answers 503 before a stream starts.
-      const watcher = deps.watch.open(tenantId, runId);
-      return runEventStream(
-        {
-          sql,
-          watch: deps.watch,
-          log: deps.log,
-          toEvent: toRunEvent,
-          heartbeatMs: deps.heartbeatMs,
-        },
-        tenantId,
-        runId,
-        lastEventId(c.req.header("last-event-id")),
-        watcher,
-        c.req.raw.signal,
-      );
+      return runEventsResponse({ ...deps, watch: deps.watch }, tenantId, runId, c.req.raw);
     }
     const events = await selectRunEvents(sql, tenantId, runId, MAX_RUN_EVENTS);
     return c.json({ events: events.map(toRunEvent) });

@@ -11,6 +11,7 @@
  * other files sharing the broker run in any order.
  */
 import assert from "node:assert/strict";
+import { localModuleGraph } from "./support/module_graph.ts";
 import { startBroker } from "../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
@@ -546,19 +547,7 @@ relayTest(
     assert.ok(sources.every((r) => String(r.source).startsWith("kafka:")), "all from the relay");
 
     // Mechanically: the relay's module graph holds no database or API code.
-    const info = await new Deno.Command(Deno.execPath(), {
-      args: ["info", "--json", "relay/process.ts"],
-      cwd: new URL("../", import.meta.url),
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    assert.equal(info.code, 0, new TextDecoder().decode(info.stderr));
-    const graph = JSON.parse(new TextDecoder().decode(info.stdout)) as {
-      modules: { specifier: string }[];
-    };
-    const root = new URL("../", import.meta.url).href;
-    const local = graph.modules.map((m) => m.specifier).filter((s) => s.startsWith(root))
-      .map((s) => s.slice(root.length));
+    const local = await localModuleGraph("relay/process.ts");
     assert.ok(local.includes("relay/inbox.ts"), `the graph was read: ${local}`);
     const forbidden = local.filter((s) => /^(db|api|admission|worker|outbox)\//.test(s));
     assert.deepEqual(forbidden, [], "relay/process.ts must not import these");

@@ -13,6 +13,7 @@ import { createWorker } from "../worker/run_worker.ts";
 import { defineWorkflow } from "../workflows/define.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { localModuleGraph } from "./support/module_graph.ts";
 
 const TENANT = "acme";
 
@@ -176,19 +177,7 @@ export const echo = defineWorkflow({
 
 Deno.test("catalog: the API's module graph holds no workflow or worker code", async () => {
   // main.ts imports each command lazily: the API's graph is api/process.ts's.
-  const api = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", "api/process.ts"],
-    cwd: new URL("../", import.meta.url),
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assert.equal(api.code, 0, new TextDecoder().decode(api.stderr));
-  const graph = JSON.parse(new TextDecoder().decode(api.stdout)) as {
-    modules: { specifier: string }[];
-  };
-  const root = new URL("../", import.meta.url).href;
-  const local = graph.modules.map((m) => m.specifier).filter((s) => s.startsWith(root))
-    .map((s) => s.slice(root.length));
+  const local = await localModuleGraph("api/process.ts");
   assert.ok(local.includes("admission/catalog.ts"), `the graph was read: ${local}`);
   const forbidden = local.filter((s) => /^(workflows|worker)\//.test(s));
   assert.deepEqual(forbidden, [], "api/process.ts must not import these");

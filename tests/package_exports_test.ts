@@ -5,6 +5,7 @@
  * relative to the checkout (migrations and console assets are modules).
  */
 import assert from "node:assert/strict";
+import { localModuleGraph } from "./support/module_graph.ts";
 
 const ROOT = new URL("../", import.meta.url);
 const config = JSON.parse(await Deno.readTextFile(new URL("deno.json", ROOT))) as {
@@ -12,28 +13,13 @@ const config = JSON.parse(await Deno.readTextFile(new URL("deno.json", ROOT))) a
   publish: { include: string[] };
 };
 
-async function localGraph(entry: string): Promise<string[]> {
-  const out = await new Deno.Command(Deno.execPath(), {
-    args: ["info", "--json", entry],
-    cwd: ROOT,
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
-  const graph = JSON.parse(new TextDecoder().decode(out.stdout)) as {
-    modules: { specifier: string }[];
-  };
-  return graph.modules.map((m) => m.specifier).filter((s) => s.startsWith(ROOT.href))
-    .map((s) => s.slice(ROOT.href.length));
-}
-
 function included(path: string): boolean {
   return config.publish.include.some((p) => p.endsWith("/") ? path.startsWith(p) : p === path);
 }
 
 for (const [name, entry] of Object.entries(config.exports)) {
   Deno.test(`package: export ${name} reaches only published modules, none reading checkout files`, async () => {
-    const graph = await localGraph(entry);
+    const graph = await localModuleGraph(entry);
     assert.ok(graph.includes(entry.replace(/^\.\//, "")), `the graph was read: ${graph}`);
     assert.deepEqual(graph.filter((p) => !included(p)), [], "missing from publish.include");
     for (const path of graph.filter((p) => p.endsWith(".ts") || p.endsWith(".js"))) {

@@ -24,10 +24,9 @@ import {
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
 import type { Logger } from "../../core/log.ts";
-import { lastEventId, runEventStream } from "../run_stream.ts";
 import type { RunWatch } from "../run_watch.ts";
 import { parseQuery } from "../request.ts";
-import { listRunsPage, MAX_RUN_EVENTS, toRun, toRunEvent } from "../runs.ts";
+import { listRunsPage, MAX_RUN_EVENTS, runEventsResponse, toRun, toRunEvent } from "../runs.ts";
 import type { ConsoleAssets } from "./assets.ts";
 import { QueueFragment, RunFragment, RunsFragment } from "./fragments.tsx";
 import { loginShell, renderShell } from "./pages.tsx";
@@ -179,22 +178,8 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     if (!deps.watch) {
       throw new PoimenError("busy", "this API process does not offer live updates");
     }
-    // The slot first: a full API answers 503 and the page falls back to reloads.
-    const watcher = deps.watch.open(tenant, runId);
-    return runEventStream(
-      {
-        sql,
-        watch: deps.watch,
-        log: deps.log,
-        toEvent: toRunEvent,
-        heartbeatMs: deps.heartbeatMs,
-      },
-      tenant,
-      runId,
-      lastEventId(c.req.header("last-event-id")),
-      watcher,
-      c.req.raw.signal,
-    );
+    // A full API answers 503 (busy) and the page falls back to reloads.
+    return runEventsResponse({ ...deps, sql, watch: deps.watch }, tenant, runId, c.req.raw);
   });
 
   app.get("/fragments/queue", async (c) => {
