@@ -54,8 +54,34 @@ export const DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/poimen";
 export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";
 
 /** Variables every process that talks to Postgres reads. */
+/**
+ * The `sslmode`s the driver understands (libpq's names): `disable`, `allow`,
+ * `prefer` and `require` encrypt without verifying; `verify-ca` and
+ * `verify-full` verify the server's certificate against the trusted CAs and
+ * its name against the URL's host (verify-ca is as strict as verify-full
+ * here). The CA of a private server is given with Deno's own `DENO_CERT`.
+ */
+export const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
+
+/** Why a `DATABASE_URL`'s TLS settings cannot work as written, or undefined. */
+export function databaseUrlProblem(url: string): string | undefined {
+  const params = new URL(url).searchParams;
+  const mode = params.get("sslmode");
+  if (mode !== null && !SSL_MODES.includes(mode)) {
+    return `sslmode=${mode} is not one of ${SSL_MODES.join(", ")}`;
+  }
+  const root = params.get("sslrootcert");
+  if (root !== null && root !== "system") {
+    return "sslrootcert is not read from a file here: give the CA with DENO_CERT=<file> and sslmode=verify-full (or sslrootcert=system for the system's CAs)";
+  }
+  return undefined;
+}
+
 export const databaseEnv = {
-  DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
+  DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL).superRefine((url, ctx) => {
+    const problem = databaseUrlProblem(url);
+    if (problem) ctx.addIssue({ code: "custom", message: problem });
+  }),
   DATABASE_POOL_SIZE: positiveInt(10),
 };
 
