@@ -18,6 +18,7 @@ import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import {
   HEADERS,
+  IdempotencyKeyHeader,
   ListRunsQuery,
   type Run,
   type RunEvent,
@@ -194,6 +195,24 @@ export function wantsEventStream(accept: string | undefined): boolean {
   return accept !== undefined && /(^|,)\s*text\/event-stream\s*(;|,|$)/i.test(accept);
 }
 
+/**
+ * The request with its dispatch key from `Idempotency-Key`, when given: the
+ * same key as the body's, or one in its place (absent or null there); a key
+ * different from the body's is a 422 naming the header, since either could
+ * be the caller's intent.
+ */
+export function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRequest {
+  if (header === undefined) return body;
+  const path = `header.${HEADERS.idempotencyKey}`;
+  const key = parseWith(IdempotencyKeyHeader, header, path);
+  if (body.dispatch_key != null && body.dispatch_key !== key) {
+    throw new PoimenError("validation", "the request does not match the schema", {
+      errors: [{ path, message: "differs from the body's dispatch_key (give one, or the same)" }],
+    });
+  }
+  return { ...body, dispatch_key: key };
+}
+
 /** Routes under /v1/runs. */
 export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   const { sql, admission, metrics } = deps;
@@ -221,7 +240,10 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     requireJson,
     limitBody(deps.bodyLimit, deps.bodyBudget),
     async (c) => {
-      const body = parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs));
+      const body = withIdempotencyKey(
+        parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs)),
+        c.req.header(HEADERS.idempotencyKey),
+      );
       const principal = c.get("principal");
       // Only a service token (the relay) may say where a request came from.
       const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;

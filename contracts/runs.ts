@@ -313,6 +313,37 @@ export const SourceHeader = z.string().min(1).max(300).regex(
   "1–300 printable ASCII characters",
 );
 
+/**
+ * The key of an `Idempotency-Key` header value: the value itself, or, when
+ * it starts with `"`, the content of an sf-string (RFC 8941 §3.3.3, what the
+ * IETF draft specifies): `"abc"` is `abc`, `\"` and `\\` are escapes.
+ * Undefined when it starts with `"` and is no well-formed sf-string (an
+ * item parameter after it included: the draft defines none).
+ */
+export function idempotencyKeyOf(value: string): string | undefined {
+  if (!value.startsWith('"')) return value;
+  const m = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
+  return m ? m[1].replace(/\\(["\\])/g, "$1") : undefined;
+}
+
+/**
+ * `Idempotency-Key` on `POST /v1/runs`: a dispatch key as a header, bare
+ * (`abc`) or an sf-string (`"abc"`), then the same rules as the body's
+ * `dispatch_key`. Printable ASCII only: a header's bytes have no agreed
+ * encoding, so a key with other characters goes in the body.
+ */
+export const IdempotencyKeyHeader = z.string().min(1)
+  .regex(/^[\x20-\x7e]*$/, "printable ASCII only (send other keys as the body's dispatch_key)")
+  .transform((value, ctx) => {
+    const key = idempotencyKeyOf(value);
+    if (key === undefined) {
+      ctx.addIssue({ code: "custom", message: 'a value starting with " must be one sf-string' });
+      return z.NEVER;
+    }
+    return key;
+  })
+  .pipe(label());
+
 /** RFC 9457 problem details. */
 export const Problem = z.object({
   type: z.string(),

@@ -150,6 +150,11 @@ export const HEADERS = {
   tenant: "Poimen-Tenant",
   /** A service token says where the request came from (the relay: `kafka:<topic>/<partition>/<offset>`). */
   source: "Poimen-Source",
+  /**
+   * The dispatch key as a header (the IETF httpapi draft's, as Stripe uses
+   * it): the same as `dispatch_key` in the body.
+   */
+  idempotencyKey: "Idempotency-Key",
   /** On 200: this dispatch key was seen, the body is the first run. */
   replayed: "Idempotent-Replayed",
   /** On a replay whose body differs from the original's. */

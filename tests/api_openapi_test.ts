@@ -224,3 +224,17 @@ Deno.test("openapi: a run's events are documented as JSON and as text/event-stre
   assert.match(op.responses["503"].description, /`busy`/);
   assert.ok(op.responses["503"].headers?.["Retry-After"], "503 with Retry-After");
 });
+
+Deno.test("openapi: Idempotency-Key is documented on admitting, beside the body's dispatch_key", async () => {
+  const doc = await served();
+  const op = doc.paths["/v1/runs"].post as Operation;
+  const key = op.parameters?.find((p) => p.name === "Idempotency-Key" && p.in === "header") as
+    | { description?: string; schema: { type?: string }; required: boolean }
+    | undefined;
+  assert.ok(key, "the Idempotency-Key header");
+  assert.equal(key.required, false);
+  assert.equal(key.schema.type, "string");
+  assert.match(key.description ?? "", /sf-string/);
+  assert.match(key.description ?? "", /header\.Idempotency-Key/);
+  assert.match(op.responses["200"].description, /dispatch key was seen/);
+});
