@@ -36,6 +36,8 @@ export interface AdmitContext {
   /** `http:<token name>` or `kafka:<topic>/<partition>/<offset>`. */
   source: string;
   entry: AdmissionEntry;
+  /** The request's W3C traceparent, stored with a run it creates (a replay keeps the first's). */
+  traceparent?: string;
 }
 
 export interface AdmitResult {
@@ -142,6 +144,7 @@ export class Admission {
         source: ctx.source,
         max_attempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
         run_after: req.run_after ?? null,
+        traceparent: ctx.traceparent ?? null,
       });
     } catch (err) {
       throw toDbError(err);

@@ -2,6 +2,7 @@
 import { Hono, type MiddlewareHandler } from "hono";
 import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
+import { activeTraceparent, validTraceparent } from "../core/tracing.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import {
@@ -254,6 +255,8 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         tenantId: principal.tenantId,
         source,
         entry: "http",
+        // The API's request span when tracing is on, else the caller's trace.
+        traceparent: activeTraceparent() ?? validTraceparent(c.req.header("traceparent")),
       });
       let run = toRun(result.run);
       const wait = deps.watch && preferredWait(c.req.header("prefer"));

@@ -25,6 +25,8 @@ export interface NewRun {
   max_attempts: number;
   /** RFC 3339: not claimed before (an earlier time means now); null: due now. */
   run_after: string | null;
+  /** The W3C traceparent of the admitting request (core/tracing.ts); null without one. */
+  traceparent?: string | null;
 }
 
 /** A run an admission statement returned for entry `i` of its batch. */
@@ -77,16 +79,17 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
         cross join lateral jsonb_to_record(o.x) as q(
           tenant_id text, run_id uuid, workflow_ref text, workflow_name text,
           workflow_version integer, input jsonb, goal_id text, dispatch_key text,
-          source text, max_attempts integer, run_after timestamptz)
+          source text, max_attempts integer, run_after timestamptz, traceparent text)
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
-                        input, goal_id, dispatch_key, source, max_attempts, run_after)
+                        input, goal_id, dispatch_key, source, max_attempts, run_after,
+                        traceparent)
       -- jsonb_to_record turns a JSON null into SQL NULL; the column keeps JSON null.
       -- greatest() skips a null: no run_after, or one in the past, is now.
       select tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
              coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts,
-             greatest(run_after, now())
+             greatest(run_after, now()), traceparent
         from req
        order by tenant_id, dispatch_key, i
       on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing

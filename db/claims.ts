@@ -19,6 +19,8 @@ export interface ClaimedRun {
   attempts: number;
   max_attempts: number;
   lease_expires_at: Date;
+  /** The run's W3C trace (core/tracing.ts): the attempt is a span in it. */
+  traceparent?: string | null;
 }
 
 /**
@@ -135,7 +137,8 @@ export async function claimRuns(
        where runs.status = 'queued'
       returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
                 runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
-                runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq
+                runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
+                runs.traceparent
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
@@ -144,6 +147,6 @@ export async function claimRuns(
         from claimed
     )
     select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-           dispatch_key, attempts, max_attempts, lease_expires_at
+           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent
       from claimed`;
 }

@@ -27,6 +27,8 @@ export interface PendingEvent {
    */
   payload: string;
   at: Date;
+  /** The run's W3C trace, sent as the event's `traceparent` header; null without one. */
+  traceparent?: string | null;
 }
 
 /** A claimed event; `parked_seq` is set when an earlier event of its run is parked. */
@@ -95,7 +97,9 @@ export async function claimPendingEvents(
       window run as (partition by k.tenant_id, k.run_id)
     )
     select h.tenant_id, h.run_id, h.seq, h.event_id, h.type, h.goal_id, h.dispatch_key,
-           h.payload, h.at, c.parked_seq, (h.locked_n >= ${limit} or h.kept_n < h.locked_n) as more
+           h.payload, h.at, c.parked_seq, (h.locked_n >= ${limit} or h.kept_n < h.locked_n) as more,
+           (select r.traceparent from runs r
+             where r.tenant_id = h.tenant_id and r.run_id = h.run_id) as traceparent
       from held h
      -- Unpublished as a FILTER, not a WHERE: a WHERE would imply the pending
      -- index's predicate, and the planner could scan that whole index for

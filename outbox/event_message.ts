@@ -21,6 +21,8 @@ export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array
   };
   if (e.goal_id !== null) headers[EVENT_HEADERS.goalId] = e.goal_id;
   if (e.dispatch_key !== null) headers[EVENT_HEADERS.dispatchKey] = e.dispatch_key;
+  // W3C Trace Context's own header name, so tracing consumers continue the run's trace.
+  if (e.traceparent) headers.traceparent = e.traceparent;
   // Typed by the contract, not parsed with it: the table's constraints
   // already guarantee the shape, and a failed parse here would leave the
   // row pending forever and stall every batch behind it. The tests parse

@@ -4,6 +4,7 @@
  * uses the public client's one-attempt call (`PoimenClient.send`) to be one:
  * that is what makes "no bypass" mechanical (the README's "The inbox relay").
  */
+import { activeTraceparent, inSpan, remoteContext } from "../core/tracing.ts";
 import { HEADERS } from "../contracts/runs.ts";
 import { type ErrorCode, ERRORS } from "../core/errors.ts";
 import { backoffWithJitter } from "../core/time.ts";
@@ -272,14 +273,31 @@ export class ApiClient {
     this.#timeoutMs = opts.timeoutMs;
   }
 
-  /** One attempt; `signal` abandons it (shutdown). */
-  async admit(req: AdmitRequest, signal?: AbortSignal): Promise<Outcome> {
+  /**
+   * One attempt; `signal` abandons it (shutdown). With tracing on, the
+   * attempt is a span in the message's trace, and the request carries it.
+   */
+  admit(req: AdmitRequest, signal?: AbortSignal): Promise<Outcome> {
+    return inSpan(
+      "poimen relay admit",
+      remoteContext(req.traceparent, req.tracestate),
+      { "poimen.tenant": req.tenant, "poimen.source": req.source },
+      () => this.#admit(req, signal),
+    );
+  }
+
+  async #admit(req: AdmitRequest, signal?: AbortSignal): Promise<Outcome> {
     const headers: Record<string, string> = {
       "content-type": "application/json",
       [HEADERS.tenant]: req.tenant,
       [HEADERS.source]: req.source,
     };
-    Object.assign(headers, traceHeaders(req.traceparent, req.tracestate));
+    // The relay's span when tracing is on, else the message's own trace.
+    const traced = activeTraceparent();
+    Object.assign(
+      headers,
+      traced ? { traceparent: traced } : traceHeaders(req.traceparent, req.tracestate),
+    );
     // One controller per attempt, its timer cleared with the answer: an
     // AbortSignal.timeout() would outlive the call by the whole timeout
     // (holding the request and its response until then: at a few thousand

@@ -10,6 +10,7 @@ import type { AttemptError } from "../db/attempt_end.ts";
 import type { ClaimedRun } from "../db/claims.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { attemptError, errorMessage } from "./run_output.ts";
+import { inSpan, remoteContext } from "../core/tracing.ts";
 
 /** A claimed attempt while this worker holds it (from the claim to its finishing write). */
 export interface Attempt {
@@ -116,13 +117,25 @@ export async function runHandler(
     };
   }
   try {
-    const result = await wf.handler(parsed.data, {
-      tenantId: run.tenant_id,
-      runId: run.run_id,
-      attempt: run.attempts,
-      signal: attempt.abort.signal,
-      log: attempt.log,
-    });
+    // A span of the run's trace (a no-op unless tracing is on): what the
+    // handler fetches carries it on.
+    const result = await inSpan(
+      `poimen run ${ref}`,
+      remoteContext(run.traceparent),
+      {
+        "poimen.tenant": run.tenant_id,
+        "poimen.run_id": run.run_id,
+        "poimen.attempt": run.attempts,
+      },
+      () =>
+        wf.handler(parsed.data, {
+          tenantId: run.tenant_id,
+          runId: run.run_id,
+          attempt: run.attempts,
+          signal: attempt.abort.signal,
+          log: attempt.log,
+        }),
+    );
     return { ok: true, result };
   } catch (err) {
     return {
