@@ -203,7 +203,11 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "outbox: claimPendingEvents",
       call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500, 16 << 20),
-      indexes: { work_events: ["work_events_pending_idx", "work_events_pkey"] },
+      // runs by primary key: each event's run's traceparent.
+      indexes: {
+        work_events: ["work_events_pending_idx", "work_events_pkey"],
+        runs: ["runs_pkey"],
+      },
     },
     {
       name: "outbox: markPublished",
