@@ -4,8 +4,11 @@
  * service): migrates, creates the tenants of POIMEN_TENANTS with their
  * topics, and, when RELAY_TOKEN_FILE is set, keeps the relay's service token
  * there — minted on the first run, read back and re-registered (should the
- * database have been reset) on every later one, so restarts reuse it.
- * The token itself is never printed or logged.
+ * database have been reset) on every later one, so restarts reuse it; one
+ * revoked or expired is replaced by a new one. The token minted is a service
+ * token named "relay" for every tenant, so tenants added later need no new
+ * token (`deno task token --service relay --tenants …` mints a limited one to
+ * put in the file instead). The token itself is never printed or logged.
  */
 import { z } from "zod";
 import { brokerList, databaseEnv, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
@@ -93,28 +96,43 @@ export async function main(args: string[]): Promise<number> {
   return 0;
 }
 
-/** Reads the token kept in `path` (minting and writing one when there is none) and registers it. */
+/**
+ * Reads the token kept in `path` (minting and writing one when there is none,
+ * or when the one kept was revoked or has expired) and registers it. The
+ * token minted is an unlimited service token named RELAY_SERVICE; one the
+ * operator put in the file instead (say, limited with `token --service relay
+ * --tenants …`) is kept as it is.
+ */
 async function ensureRelayToken(sql: Sql, path: string, log: Logger): Promise<void> {
   let token = (await Deno.readTextFile(path).catch((err) => {
     if (err instanceof Deno.errors.NotFound) return "";
     throw err;
   })).trim();
-  if (token === "") {
+  let known = token === "" ? undefined : await selectToken(sql, await hashToken(token));
+  if (known !== undefined && known.kind !== "service") {
+    throw new Error(`${path} holds a ${known.kind} token, not a service token`);
+  }
+  const dead = known !== undefined &&
+    (known.revoked_at !== null || (known.expires_at !== null && known.expires_at <= new Date()));
+  if (token === "" || dead) {
     token = newToken();
+    known = undefined;
     // Written whole or not at all: a crash mid-write must not leave half a token.
     const partial = `${path}.partial`;
     await Deno.writeTextFile(partial, token + "\n", { mode: 0o600 });
     await Deno.rename(partial, path);
-    log.info("relay token minted", { file: path });
+    log.info(dead ? "relay token revoked or expired: minted a new one" : "relay token minted", {
+      file: path,
+    });
   }
-  const hash = await hashToken(token);
-  const known = await selectToken(sql, hash);
   if (known === undefined) {
-    await insertToken(sql, hash, { kind: "service", tenant_id: null, name: RELAY_SERVICE });
-    log.info("relay token registered", { file: path });
-  } else if (known.kind !== "service") {
-    throw new Error(`${path} holds a ${known.kind} token, not a service token`);
+    const id = await insertToken(sql, await hashToken(token), {
+      kind: "service",
+      tenant_id: null,
+      name: RELAY_SERVICE,
+    });
+    log.info("relay token registered", { file: path, id });
   } else {
-    log.info("relay token already registered", { file: path });
+    log.info("relay token already registered", { file: path, id: known.token_id });
   }
 }

@@ -94,6 +94,33 @@ Deno.test("cli: token refuses a tenant and --service together, and a flag withou
   assert.match(oneLine(bare.stderr), /^token: option '--service <value>' argument missing/);
 });
 
+Deno.test("cli: token's usage mistakes name the bad value in one line, exit 2", async () => {
+  const cases: [string[], RegExp][] = [
+    [["acme", "--expires-in", "30 days"], /^token: bad --expires-in "30 days": .*30d/],
+    [["acme", "--expires-in", "0d"], /^token: bad --expires-in "0d"/],
+    [["--service", "relay", "--tenants", "acme|("], /^token: bad --tenants "acme\|\(": /],
+    [["acme", "--tenants", "acme"], /^token: --tenants limits a service token/],
+    [["--service", "relay", "--name", "x"], /^token: --name is for tenant tokens/],
+    // A subcommand word in another position is not taken for a tenant.
+    [["--name", "ci", "list"], /^token: "list" is a subcommand .*'token create list'/],
+    [["list"], /^token list: give either a <tenant> or --service/],
+    [["list", "acme", "--service"], /^token list: give either a <tenant> or --service/],
+    [["revoke", "not-an-id"], /^token revoke: bad token id "not-an-id"/],
+    [["revoke"], /^usage: token revoke <id>/],
+  ];
+  for (const [args, message] of cases) {
+    const out = await run("token", args);
+    assert.equal(out.code, 2, `${args.join(" ")}: ${out.stdout}`);
+    assert.equal(out.stdout, "");
+    assert.match(oneLine(out.stderr), message);
+  }
+  for (const sub of ["list", "revoke"]) {
+    const help = await run("token", [sub, "--help"]);
+    assert.equal(help.code, 0, help.stderr);
+    assert.match(help.stdout, new RegExp(`^usage: token ${sub} `));
+  }
+});
+
 Deno.test("cli: a bad tenant id is a usage mistake: one line, exit 2", async () => {
   for (const command of ["token", "topics", "dispatch", "dlq"]) {
     const args = command === "dispatch" ? ["Not A Tenant", "{}"] : ["Not A Tenant"];

@@ -93,3 +93,47 @@ Deno.test("init: a bad tenant list is refused in one line naming POIMEN_TENANTS,
   assert.equal(out.code, 2, out.stderr);
   assert.match(out.stderr.trim(), /^config: POIMEN_TENANTS is invalid: /);
 });
+
+Deno.test("init: a revoked relay token is replaced by a new one; a limited one put in the file is kept", async () => {
+  const db = await freshDatabase(false);
+  const dir = await Deno.makeTempDir({ prefix: "poimen-init-" });
+  const file = `${dir}/relay_token`;
+  const env = { DATABASE_URL: db.url, RELAY_TOKEN_FILE: file, LOG_LEVEL: "info" };
+  const init = async () => {
+    const out = await runCommand("init", [], env, initPermissions(dir));
+    assert.equal(out.code, 0, out.stderr + out.stdout);
+    return out.stdout + out.stderr;
+  };
+  try {
+    await init();
+    const first = (await Deno.readTextFile(file)).trim();
+    const [minted] = await db.sql`select name, tenant_pattern from api_tokens`;
+    assert.deepEqual({ ...minted }, { name: "relay", tenant_pattern: null }, "unlimited");
+
+    await db.sql`update api_tokens set revoked_at = now()`;
+    assert.match(await init(), /relay token revoked or expired: minted a new one/);
+    const second = (await Deno.readTextFile(file)).trim();
+    assert.match(second, /^pmn_/);
+    assert.notEqual(second, first);
+    const live = await db.sql`select name from api_tokens where revoked_at is null`;
+    assert.equal(live.length, 1);
+
+    // An operator's limited token in the file is registered already: kept, limit and all.
+    const limited = await runCommand(
+      "token",
+      ["--service", "relay", "--tenants", "acme"],
+      { DATABASE_URL: db.url, LOG_LEVEL: "warn" },
+      runFlags("token"),
+    );
+    assert.equal(limited.code, 0, limited.stderr);
+    await Deno.writeTextFile(file, limited.stdout);
+    assert.match(await init(), /relay token already registered/);
+    assert.equal((await Deno.readTextFile(file)).trim(), limited.stdout.trim());
+    const [{ n }] = await db.sql`
+      select count(*)::int as n from api_tokens where tenant_pattern = 'acme'`;
+    assert.equal(n, 1);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+    await db.drop();
+  }
+});
