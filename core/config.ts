@@ -65,6 +65,8 @@ export const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", 
 
 /** Why a `DATABASE_URL`'s TLS settings cannot work as written, or undefined. */
 export function databaseUrlProblem(url: string): string | undefined {
+  // Not a URL at all is .url()'s to report (zod runs the refinement anyway).
+  if (!URL.canParse(url)) return undefined;
   const params = new URL(url).searchParams;
   const mode = params.get("sslmode");
   if (mode !== null && !SSL_MODES.includes(mode)) {
