@@ -27,6 +27,13 @@ a random one (printed on stderr). Prints "topic partition offset".`,
   env: KafkaCliEnv,
 } satisfies CommandSpec;
 
+// A command gives up after about 10 s (at most 21) of retries instead of the
+// publisher's "without limit": a broker that is away, or one whose
+// certificate is not trusted (node:tls reports it as a connection failure,
+// which the library retries), is then one line and exit 1, not a hang.
+// A wrong password is not retried at all (the library's AuthenticationError).
+const SEND_RETRIES = 8;
+
 export async function main(argv: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, argv);
   if (typeof line === "number") return line;
@@ -49,7 +56,9 @@ export async function main(argv: string[]): Promise<number> {
   // checks, key and headers as any service that imports it.
   const publisher = new DispatchPublisher({
     brokers: config.brokers,
+    security: config.security,
     clientId: `${config.KAFKA_CLIENT_ID}-dispatch`,
+    retries: SEND_RETRIES,
   });
   try {
     const at = raw

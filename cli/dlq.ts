@@ -12,13 +12,14 @@
  * harmless, the admission index makes one run.
  */
 import { z } from "zod";
-import { brokerList, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";
 import { DLQ_HEADERS, redriven } from "../relay/dead_letter.ts";
 import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
+import type { KafkaClientOptions } from "../kafka/client.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { dlqTopic, isTenantId } from "../contracts/topics.ts";
 import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
@@ -63,7 +64,7 @@ export async function main(args: string[]): Promise<number> {
   const config = readEnv(DlqEnv, processEnv());
   const log = createLogger("dlq", config.LOG_LEVEL);
   const kafka = {
-    brokers: brokerList(config.KAFKA_BROKERS),
+    ...kafkaConnection(config),
     clientId: `${config.KAFKA_CLIENT_ID}-dlq`,
     logger: log,
   };
@@ -122,7 +123,7 @@ export async function main(args: string[]): Promise<number> {
 
 /** Reads `topic` from the start up to its end offsets (as they were when asked). */
 async function readAll(
-  kafka: { brokers: string[]; clientId: string; logger: ReturnType<typeof createLogger> },
+  kafka: KafkaClientOptions & { logger: ReturnType<typeof createLogger> },
   topic: string,
   timeoutMs: number,
 ): Promise<ConsumedMessage[]> {

@@ -11,7 +11,14 @@
  * put in the file instead). The token itself is never printed or logged.
  */
 import { z } from "zod";
-import { brokerList, databaseEnv, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import {
+  databaseEnv,
+  kafkaConnection,
+  kafkaEnv,
+  logEnv,
+  processEnv,
+  readEnv,
+} from "../core/config.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
@@ -75,7 +82,7 @@ export async function main(args: string[]): Promise<number> {
 
   if (tenants.length > 0) {
     const admin = createAdmin({
-      brokers: brokerList(config.KAFKA_BROKERS),
+      ...kafkaConnection(config),
       clientId: `${config.KAFKA_CLIENT_ID}-init`,
       logger: log,
     });

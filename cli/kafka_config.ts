@@ -1,12 +1,19 @@
 /** The Kafka settings the command-line tools share. */
 import { z } from "zod";
-import { brokerList, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import type { KafkaSecurity } from "../kafka/security.ts";
 
 export const KafkaCliEnv = z.object({ ...kafkaEnv, ...logEnv });
-export type KafkaCliConfig = z.infer<typeof KafkaCliEnv> & { brokers: string[] };
+export type KafkaCliConfig = z.infer<typeof KafkaCliEnv> & {
+  brokers: string[];
+  security: KafkaSecurity;
+};
 
-/** Reads KAFKA_* and LOG_LEVEL once; throws a one-line ConfigError naming a bad variable. */
+/**
+ * Reads KAFKA_* and LOG_LEVEL once (and the PEM files they name); throws a
+ * one-line ConfigError naming a bad variable.
+ */
 export function readKafkaCliConfig(): KafkaCliConfig {
   const c = readEnv(KafkaCliEnv, processEnv());
-  return { ...c, brokers: brokerList(c.KAFKA_BROKERS) };
+  return { ...c, ...kafkaConnection(c) };
 }

@@ -35,6 +35,7 @@ export async function main(argv: string[]): Promise<number> {
   const config = readKafkaCliConfig();
   const admin = createAdmin({
     brokers: config.brokers,
+    security: config.security,
     clientId: `${config.KAFKA_CLIENT_ID}-topics`,
   });
   try {

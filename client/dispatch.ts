@@ -42,10 +42,11 @@ import type { RunRequest } from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import { dispatchMessageKey, dispatchTopic } from "../contracts/topics.ts";
 import { createProducer, type KafkaProducer } from "../kafka/producer.ts";
+import type { KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism } from "../kafka/security.ts";
 import { PoimenProblem } from "./http.ts";
 
 export { PoimenProblem };
-export type { RunRequest };
+export type { KafkaSasl, KafkaSecurity, KafkaTls, RunRequest, SaslMechanism };
 
 /** Options of `new DispatchPublisher`. */
 export interface DispatchPublisherOptions {
@@ -64,6 +65,11 @@ export interface DispatchPublisherOptions {
   requestTimeoutMs?: number;
   /** Timeout of opening one connection, in ms (default 5 s). */
   connectTimeoutMs?: number;
+  /**
+   * TLS and SASL: `{ tls: { ca, cert, key }, sasl: { mechanism, username,
+   * password } }` (PEM text; every part optional). Absent: plaintext.
+   */
+  security?: KafkaSecurity;
 }
 
 /** Options of one `publish`. */
@@ -137,6 +143,7 @@ export class DispatchPublisher {
       retries: opts.retries,
       requestTimeoutMs: opts.requestTimeoutMs,
       connectTimeoutMs: opts.connectTimeoutMs,
+      security: opts.security,
     });
   }
 

@@ -8,6 +8,14 @@
 import { z } from "zod";
 import { ConfigError } from "./errors.ts";
 import { DAY } from "./time.ts";
+import {
+  type KafkaSecurity,
+  type KafkaSecurityEnv,
+  SASL_MECHANISMS,
+  SECURITY_PROTOCOLS,
+  securityEnvProblem,
+  securityFromEnv,
+} from "../kafka/security.ts";
 
 /** Parses `env` with `schema`; throws a one-line `ConfigError` naming the first bad variable. */
 export function readEnv<S extends z.ZodObject>(
@@ -20,7 +28,18 @@ export function readEnv<S extends z.ZodObject>(
     picked[key] = env[key] === "" ? undefined : env[key];
   }
   const result = schema.safeParse(picked);
-  if (result.success) return result.data;
+  if (result.success) {
+    // Settings that only work together (SASL_SSL and its credentials, a certificate and its key).
+    if ("KAFKA_SECURITY_PROTOCOL" in schema.shape) {
+      const problem = securityEnvProblem(result.data as Parameters<typeof securityEnvProblem>[0]);
+      if (problem) {
+        const [name, message] = problem;
+        const shown = picked[name] === undefined ? "unset" : "invalid";
+        throw new ConfigError(`config: ${name} is ${shown}: ${message}`);
+      }
+    }
+    return result.data;
+  }
   const issue = result.error.issues[0];
   const name = String(issue.path[0] ?? "environment");
   const shown = picked[name] === undefined ? "unset" : "invalid";
@@ -81,6 +100,8 @@ export function databaseUrlProblem(url: string): string | undefined {
 
 export const databaseEnv = {
   DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL).superRefine((url, ctx) => {
+    // zod runs this after a failed url(), which has already said what is wrong.
+    if (!URL.canParse(url)) return;
     const problem = databaseUrlProblem(url);
     if (problem) ctx.addIssue({ code: "custom", message: problem });
   }),
@@ -100,11 +121,39 @@ export const kafkaEnv = {
    * declared; the outbox parks an event larger than this instead of sending it.
    */
   EVENTS_MAX_MESSAGE_BYTES: z.coerce.number().int().min(1024).default(1024 * 1024),
+  /**
+   * Kafka's `security.protocol`: TLS (`SSL`), SASL (`SASL_PLAINTEXT`), both
+   * (`SASL_SSL`) or neither. The settings below only work together (checked
+   * by `readEnv`); kafka/security.ts `securityFromEnv` reads the files.
+   */
+  KAFKA_SECURITY_PROTOCOL: z.enum(SECURITY_PROTOCOLS).default("PLAINTEXT"),
+  KAFKA_SASL_MECHANISM: z.enum(SASL_MECHANISMS).optional(),
+  KAFKA_SASL_USERNAME: z.string().min(1).optional(),
+  /** Never logged: the logger redacts `password` keys, the library gets it as a function. */
+  KAFKA_SASL_PASSWORD: z.string().min(1).optional(),
+  /** PEM CA certificates the broker's must chain to (default: the trusted CAs, DENO_CERT's too). */
+  KAFKA_SSL_CA_FILE: z.string().min(1).optional(),
+  /** A PEM client certificate, for a broker that asks for one; with KAFKA_SSL_KEY_FILE. */
+  KAFKA_SSL_CERT_FILE: z.string().min(1).optional(),
+  /** Its unencrypted PEM private key. */
+  KAFKA_SSL_KEY_FILE: z.string().min(1).optional(),
 };
 
 export const logEnv = {
   LOG_LEVEL: z.enum(["debug", "info", "warn", "error"]).default("info"),
 };
+
+/**
+ * Where and how to reach Kafka from validated `kafkaEnv` variables: the
+ * brokers and the security settings, reading the PEM files named (a
+ * `ConfigError` naming the variable when one cannot be read). Call once at
+ * start-up.
+ */
+export function kafkaConnection(
+  env: { KAFKA_BROKERS: string } & KafkaSecurityEnv,
+): { brokers: string[]; security: KafkaSecurity } {
+  return { brokers: brokerList(env.KAFKA_BROKERS), security: securityFromEnv(env) };
+}
 
 /** Splits `KAFKA_BROKERS` into a list. */
 export function brokerList(brokers: string): string[] {

@@ -11,15 +11,26 @@
  *
  * Environment: KAFKA_PORT (9092), KAFKA_CONTROLLER_PORT (9093), KAFKA_DIR
  * (`.kafka`, relative to the project root), KAFKA_HEAP (512m).
+ *
+ * Secured (`start --secured`, dev/kafka_secured.ts): another broker, in
+ * `<KAFKA_DIR>/secured` (jars shared), SASL_SSL on KAFKA_SECURED_PORT (9094),
+ * mTLS on KAFKA_SECURED_SSL_PORT (9095), controller on
+ * KAFKA_SECURED_CONTROLLER_PORT (9096).
  */
 import { z } from "zod";
 import { port, readEnv } from "../core/config.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { createAdmin } from "../kafka/admin.ts";
+import type { KafkaSecurity } from "../kafka/security.ts";
+import { ensureFormatted, ensureJars, javaArgs } from "./kafka_storage.ts";
+import {
+  ensureSecuredMaterial,
+  securedClientSecurity,
+  securedListenerProperties,
+  type SecuredMaterial,
+} from "./kafka_secured.ts";
 
 const ROOT = decodeURIComponent(new URL("..", import.meta.url).pathname).replace(/\/$/, "");
-const POM = `${ROOT}/dev/kafka/pom.xml`;
-const LOG4J = `${ROOT}/dev/kafka/log4j2.xml`;
 
 const START_DEADLINE = 90 * SECOND;
 const STOP_DEADLINE = 60 * SECOND;
@@ -30,6 +41,9 @@ export const kafkaDevEnv = z.object({
   KAFKA_CONTROLLER_PORT: port(9093),
   KAFKA_DIR: z.string().min(1).default(".kafka"),
   KAFKA_HEAP: z.string().regex(/^\d+[mg]$/, "expected e.g. 512m").default("512m"),
+  KAFKA_SECURED_PORT: port(9094),
+  KAFKA_SECURED_SSL_PORT: port(9095),
+  KAFKA_SECURED_CONTROLLER_PORT: port(9096),
 });
 
 /** Where and how the development broker runs. */
@@ -41,16 +55,35 @@ export interface BrokerOptions {
   /** Absolute directory of the jars; several brokers (e.g. a test's own) may share one. */
   libs: string;
   heap: string;
+  /**
+   * Present: the secured mode (dev/kafka_secured.ts): `port` is SASL_SSL,
+   * `sslPort` SSL with client certificates.
+   */
+  secured?: { sslPort: number };
   /** Receives one human-readable line per step (default: discarded). */
   report?: (line: string) => void;
 }
 
-/** Broker options from the environment (KAFKA_PORT, KAFKA_CONTROLLER_PORT, KAFKA_DIR, KAFKA_HEAP). */
+/**
+ * Broker options from the environment (KAFKA_PORT, KAFKA_CONTROLLER_PORT,
+ * KAFKA_DIR, KAFKA_HEAP; the KAFKA_SECURED_* ports when `secured`).
+ */
 export function brokerOptionsFromEnv(
   env: Record<string, string | undefined> = Deno.env.toObject(),
+  secured = false,
 ): BrokerOptions {
   const e = readEnv(kafkaDevEnv, env);
   const dir = e.KAFKA_DIR.startsWith("/") ? e.KAFKA_DIR : `${ROOT}/${e.KAFKA_DIR}`;
+  if (secured) {
+    return {
+      port: e.KAFKA_SECURED_PORT,
+      controllerPort: e.KAFKA_SECURED_CONTROLLER_PORT,
+      secured: { sslPort: e.KAFKA_SECURED_SSL_PORT },
+      dir: `${dir}/secured`,
+      libs: `${dir}/libs`,
+      heap: e.KAFKA_HEAP,
+    };
+  }
   return {
     port: e.KAFKA_PORT,
     controllerPort: e.KAFKA_CONTROLLER_PORT,
@@ -63,16 +96,6 @@ export function brokerOptionsFromEnv(
 /** The bootstrap address of the development broker. */
 export function brokerAddress(opts: BrokerOptions = brokerOptionsFromEnv()): string {
   return `127.0.0.1:${opts.port}`;
-}
-
-async function exists(path: string): Promise<boolean> {
-  try {
-    await Deno.stat(path);
-    return true;
-  } catch (error) {
-    if (error instanceof Deno.errors.NotFound) return false;
-    throw error;
-  }
 }
 
 async function readPid(dir: string): Promise<number | undefined> {
@@ -108,65 +131,22 @@ export async function brokerRunning(
   return pid !== undefined && (await alive(pid)) ? pid : undefined;
 }
 
-async function run(cmd: string, args: string[], what: string): Promise<string> {
-  let out: Deno.CommandOutput;
-  try {
-    out = await new Deno.Command(cmd, { args, stdout: "piped", stderr: "piped" }).output();
-  } catch (error) {
-    if (error instanceof Deno.errors.NotFound) {
-      throw new Error(`${what}: '${cmd}' is not installed`);
-    }
-    throw error;
-  }
-  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
-  if (!out.success) {
-    const tail = text.trim().split("\n").slice(-20).join("\n");
-    throw new Error(`${what} failed (exit ${out.code})${tail ? `:\n${tail}` : ""}`);
-  }
-  return text;
-}
-
-async function sha256(text: string): Promise<string> {
-  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
-  return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-async function ensureJars(opts: BrokerOptions, report: (line: string) => void): Promise<void> {
-  const libs = opts.libs;
-  const marker = `${libs}/.pom-sha256`;
-  // The marker is written last, so its presence means a complete copy of this pom's classpath.
-  const want = await sha256(await Deno.readTextFile(POM));
-  const have = await Deno.readTextFile(marker).catch(() => "");
-  if (have.trim() === want) return;
-  report(`downloading Kafka jars from Maven Central into ${libs}`);
-  const started = performance.now();
-  await Deno.remove(libs, { recursive: true }).catch(() => {});
-  await run("mvn", [
-    "-q",
-    "-B",
-    "-f",
-    POM,
-    "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
-    "-DincludeScope=runtime",
-    `-DoutputDirectory=${libs}`,
-  ], "mvn copy-dependencies");
-  await Deno.writeTextFile(marker, want + "\n");
-  report(`jars ready in ${((performance.now() - started) / SECOND).toFixed(1)} s`);
-}
-
-function serverProperties(opts: BrokerOptions): string {
-  const listeners =
-    `PLAINTEXT://127.0.0.1:${opts.port},CONTROLLER://127.0.0.1:${opts.controllerPort}`;
+function serverProperties(opts: BrokerOptions, material?: SecuredMaterial): string {
+  const listeners = opts.secured && material
+    ? securedListenerProperties({ ...opts, sslPort: opts.secured.sslPort }, material)
+    : [
+      `listeners=PLAINTEXT://127.0.0.1:${opts.port},CONTROLLER://127.0.0.1:${opts.controllerPort}`,
+      `advertised.listeners=PLAINTEXT://127.0.0.1:${opts.port}`,
+      "controller.listener.names=CONTROLLER",
+      "inter.broker.listener.name=PLAINTEXT",
+      "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    ];
   return [
     "# Written by dev/kafka.ts on every start; edit that file, not this one.",
     "process.roles=broker,controller",
     "node.id=1",
     `controller.quorum.bootstrap.servers=127.0.0.1:${opts.controllerPort}`,
-    `listeners=${listeners}`,
-    `advertised.listeners=PLAINTEXT://127.0.0.1:${opts.port}`,
-    "controller.listener.names=CONTROLLER",
-    "inter.broker.listener.name=PLAINTEXT",
-    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+    ...listeners,
     `log.dirs=${opts.dir}/data`,
     "num.partitions=1",
     "default.replication.factor=1",
@@ -185,78 +165,15 @@ function serverProperties(opts: BrokerOptions): string {
   ].join("\n");
 }
 
-function randomClusterId(): string {
-  // Kafka's Uuid.randomUuid: 16 random bytes, base64url without padding,
-  // never starting with '-' (it would read as a command-line option).
-  while (true) {
-    const bytes = crypto.getRandomValues(new Uint8Array(16));
-    const id = btoa(String.fromCharCode(...bytes)).replaceAll("+", "-").replaceAll("/", "_")
-      .replace(/=+$/, "");
-    if (!id.startsWith("-")) return id;
-  }
-}
-
-function javaArgs(opts: BrokerOptions, main: string, args: string[]): string[] {
-  return [
-    `-Xmx${opts.heap}`,
-    "-Xms256m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-Djava.awt.headless=true",
-    `-Dlog4j2.configurationFile=${LOG4J}`,
-    `-Dkafka.logs.dir=${opts.dir}`,
-    "-cp",
-    `${opts.libs}/*`,
-    main,
-    ...args,
-  ];
-}
-
-interface FormatRecord {
-  port: number;
-  controllerPort: number;
-}
-
-async function ensureFormatted(opts: BrokerOptions, report: (line: string) => void) {
-  const data = `${opts.dir}/data`;
-  const record = `${opts.dir}/format.json`;
-  if (await exists(`${data}/meta.properties`)) {
-    // The controller's own endpoint is written into the quorum state at format time.
-    const formatted = JSON.parse(await Deno.readTextFile(record).catch(() => "null")) as
-      | FormatRecord
-      | null;
-    if (formatted && formatted.controllerPort !== opts.controllerPort) {
-      throw new Error(
-        `storage in ${data} was formatted for controller port ${formatted.controllerPort}, ` +
-          `not ${opts.controllerPort}: set KAFKA_CONTROLLER_PORT=${formatted.controllerPort} ` +
-          `or remove ${data}`,
-      );
-    }
-    return;
-  }
-  report(`formatting storage in ${data}`);
-  await Deno.mkdir(data, { recursive: true });
-  await run(
-    "java",
-    javaArgs(opts, "kafka.tools.StorageTool", [
-      "format",
-      "--standalone",
-      "--ignore-formatted",
-      "-t",
-      randomClusterId(),
-      "-c",
-      `${opts.dir}/server.properties`,
-    ]),
-    "kafka storage format",
-  );
-  const rec: FormatRecord = { port: opts.port, controllerPort: opts.controllerPort };
-  await Deno.writeTextFile(record, JSON.stringify(rec) + "\n");
-}
-
 /** True when a Kafka broker answers a metadata request on `address`. */
-export async function brokerAnswers(address: string, timeoutMs = 2 * SECOND): Promise<boolean> {
+export async function brokerAnswers(
+  address: string,
+  timeoutMs = 2 * SECOND,
+  security?: KafkaSecurity,
+): Promise<boolean> {
   const admin = createAdmin({
     brokers: [address],
+    security,
     clientId: "poimen-dev-kafka",
     requestTimeoutMs: timeoutMs,
     connectTimeoutMs: timeoutMs,
@@ -301,21 +218,25 @@ export async function startBroker(
 ): Promise<StartResult> {
   const report = opts.report ?? (() => {});
   const address = brokerAddress(opts);
+  await Deno.mkdir(opts.dir, { recursive: true });
+  const material = opts.secured ? await ensureSecuredMaterial(opts.dir, report) : undefined;
+  const security = material ? securedClientSecurity(material) : undefined;
   const running = await brokerRunning(opts);
   if (running !== undefined) {
     report(`kafka already running (pid ${running}) on ${address}`);
     return { pid: running, alreadyRunning: true, startMs: 0 };
   }
-  if (await brokerAnswers(address)) {
+  if (await brokerAnswers(address, 2 * SECOND, security)) {
     // E.g. a broker from compose.yaml or CI: use it, it is not ours to manage.
     report(`a kafka broker not started by this script already answers on ${address}`);
     return { pid: undefined, alreadyRunning: true, startMs: 0 };
   }
 
-  await Deno.mkdir(opts.dir, { recursive: true });
   await ensureJars(opts, report);
-  await Deno.writeTextFile(`${opts.dir}/server.properties`, serverProperties(opts));
-  await ensureFormatted(opts, report);
+  await Deno.writeTextFile(`${opts.dir}/server.properties`, serverProperties(opts, material), {
+    mode: 0o600,
+  });
+  await ensureFormatted(opts, report, material);
 
   report(`starting kafka on ${address} (controller 127.0.0.1:${opts.controllerPort})`);
   const started = performance.now();
@@ -353,7 +274,7 @@ export async function startBroker(
         `kafka exited during start-up; last lines of ${log}:\n${await logTail(opts.dir)}`,
       );
     }
-    if (await brokerAnswers(address, SECOND)) {
+    if (await brokerAnswers(address, SECOND, security)) {
       const startMs = Math.round(performance.now() - started);
       report(`kafka ready on ${address} (pid ${pid}) after ${(startMs / SECOND).toFixed(1)} s`);
       return { pid, alreadyRunning: false, startMs, reaped };

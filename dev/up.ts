@@ -13,6 +13,7 @@ import {
   DEFAULT_DATABASE_URL,
   DEFAULT_KAFKA_BROKERS,
   DEFAULT_METRICS_PORTS,
+  kafkaConnection,
   kafkaEnv,
   processEnv,
   readEnv,
@@ -22,7 +23,15 @@ import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { PROJECT_ROOT, taskArgs } from "./tasks.ts";
-import { brokerAnswers, startBroker, stopBroker } from "./kafka.ts";
+import {
+  brokerAddress,
+  brokerAnswers,
+  type BrokerOptions,
+  brokerOptionsFromEnv,
+  startBroker,
+  stopBroker,
+} from "./kafka.ts";
+import { ensureSecuredMaterial, securedProcessEnv } from "./kafka_secured.ts";
 
 const UpEnv = z.object({
   DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
@@ -44,14 +53,22 @@ const PROCESSES = ["api", "worker", "outbox", "relay"] as const;
 
 const COMMAND = {
   name: "up",
-  synopsis: "",
+  synopsis: "[--secured]",
   description: `
 Brings the whole system up on this machine, for development: Postgres (the
 local server is started if stopped) and Kafka (the local broker is started when
 KAFKA_BROKERS is the default and none answers), migrates, creates tenant
 DEV_TENANT with a token and its topics, starts api, worker, outbox and relay as
 child processes with prefixed logs, and prints the URLs, the token and a curl
-example. Ctrl-C or SIGTERM stops them all (and the broker, if up started it).`,
+example. Ctrl-C or SIGTERM stops them all (and the broker, if up started it).
+--secured: the local secured broker instead (deno task kafka start --secured),
+every process talking to it over SASL_SSL with SCRAM-SHA-512.`,
+  flags: {
+    secured: {
+      type: "boolean",
+      description: "use the local secured broker (SASL_SSL, SCRAM) instead of KAFKA_BROKERS",
+    },
+  },
   env: UpEnv,
 } satisfies CommandSpec;
 
@@ -128,20 +145,30 @@ export async function up(args: string[] = []): Promise<number> {
 
   await ensurePostgres(config.DATABASE_URL);
 
-  let startedBroker = false;
+  let startedBroker: BrokerOptions | undefined;
   const brokers = brokerList(config.KAFKA_BROKERS);
-  if (await brokerAnswers(brokers[0])) {
+  // What every child is given about Kafka (each also inherits the environment).
+  let kafkaVars: Record<string, string> = { KAFKA_BROKERS: config.KAFKA_BROKERS };
+  if (line.flags.secured) {
+    const opts = { ...brokerOptionsFromEnv(processEnv(), true), report: say };
+    say("starting the local secured kafka broker");
+    const r = await startBroker(opts);
+    if (!r.alreadyRunning) startedBroker = opts;
+    kafkaVars = securedProcessEnv(brokerAddress(opts), await ensureSecuredMaterial(opts.dir));
+    say(`kafka (SASL_SSL, SCRAM-SHA-512) at ${kafkaVars.KAFKA_BROKERS}, CA ${kafkaVars.DENO_CERT}`);
+  } else if (await brokerAnswers(brokers[0], undefined, kafkaConnection(config).security)) {
     say(`kafka answers at ${config.KAFKA_BROKERS}`);
   } else if (config.KAFKA_BROKERS === DEFAULT_KAFKA_BROKERS) {
     say("starting the local kafka broker (first start downloads its jars from Maven Central)");
-    const r = await startBroker();
-    startedBroker = !r.alreadyRunning;
+    const opts = brokerOptionsFromEnv();
+    const r = await startBroker(opts);
+    if (!r.alreadyRunning) startedBroker = opts;
     say(`kafka up in ${(r.startMs / 1000).toFixed(1)} s at ${config.KAFKA_BROKERS}`);
   } else {
     throw new Error(`kafka at ${config.KAFKA_BROKERS} (KAFKA_BROKERS) does not answer`);
   }
 
-  const env = { DATABASE_URL: config.DATABASE_URL, KAFKA_BROKERS: config.KAFKA_BROKERS };
+  const env = { DATABASE_URL: config.DATABASE_URL, ...kafkaVars };
   await run(taskArgs("migrate"), env);
   say("database migrated");
   const token = await run(taskArgs("token").concat(config.DEV_TENANT), env);
@@ -191,7 +218,7 @@ export async function up(args: string[] = []): Promise<number> {
   out(`
   API           ${apiUrl}  (OpenAPI: ${apiUrl}/openapi.json)
   Postgres      ${new URL(config.DATABASE_URL).host}${new URL(config.DATABASE_URL).pathname}
-  Kafka         ${config.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq)
+  Kafka         ${kafkaVars.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq)
   tenant        ${config.DEV_TENANT}
   token         ${token}
 
@@ -201,7 +228,11 @@ export async function up(args: string[] = []): Promise<number> {
     curl -s -X POST ${apiUrl}/v1/runs \\
       -H 'authorization: Bearer ${token}' -H 'content-type: application/json' \\
       -d '{"workflow_ref":"echo","input":{"hello":"world"},"dispatch_key":"first"}'
-    deno task dispatch ${config.DEV_TENANT} '{"workflow_ref":"echo","input":{},"dispatch_key":"via-kafka"}'
+    ${
+    line.flags.secured
+      ? Object.entries(kafkaVars).map(([k, v]) => `${k}=${v}`).join(" ") + " \\\n      "
+      : ""
+  }deno task dispatch ${config.DEV_TENANT} '{"workflow_ref":"echo","input":{},"dispatch_key":"via-kafka"}'
 
   Ctrl-C stops everything.
 `);
@@ -221,7 +252,7 @@ export async function up(args: string[] = []): Promise<number> {
   }
   await Promise.all(children.map(({ child }) => child.status));
   if (startedBroker) {
-    await stopBroker();
+    await stopBroker(startedBroker);
     say("kafka stopped");
   }
   say("all stopped");

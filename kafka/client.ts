@@ -14,6 +14,9 @@ import { findErrorBy } from "@platformatic/kafka";
 import { type ErrorCode, nextCause, PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
+import { type KafkaSecurity, libraryTlsSasl } from "./security.ts";
+
+export type { KafkaSecurity } from "./security.ts";
 
 /** What every client needs to reach the cluster. */
 export interface KafkaClientOptions {
@@ -25,6 +28,8 @@ export interface KafkaClientOptions {
   requestTimeoutMs?: number;
   /** Timeout of opening one connection, in ms (default 5 s). */
   connectTimeoutMs?: number;
+  /** TLS and SASL (kafka/security.ts); absent: plaintext, unauthenticated. */
+  security?: KafkaSecurity;
   logger?: Logger;
 }
 
@@ -54,6 +59,7 @@ export function baseOptions(opts: KafkaClientOptions) {
     timeout: opts.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT,
     connectTimeout: opts.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT,
     retryDelay,
+    ...libraryTlsSasl(opts.security),
   };
 }
 
@@ -94,19 +100,39 @@ export function kafkaFailure(
   code: ErrorCode = "kafka-unavailable",
 ): PoimenError {
   if (error instanceof PoimenError) return error;
-  return new PoimenError(code, `${what}: ${rootMessage(error)}`, { cause: error });
+  const root = rootError(error);
+  const message = root instanceof Error ? root.message : String(root);
+  const tlsCode = (root as { code?: unknown } | null)?.code;
+  const hint = tlsCode === "ERR_TLS_CERT_ALTNAME_INVALID"
+    ? " (the broker's TLS certificate does not name the host of KAFKA_BROKERS)"
+    : TLS_VERIFY_CODES.has(tlsCode as string)
+    ? " (the broker's TLS certificate is not trusted: is KAFKA_SSL_CA_FILE, or DENO_CERT, its CA?)"
+    : "";
+  return new PoimenError(code, `${what}: ${message}${hint}`, { cause: error });
 }
+
+// node:tls's codes of a broker certificate that does not verify (chain or name).
+const TLS_VERIFY_CODES = new Set([
+  "SELF_SIGNED_CERT_IN_CHAIN",
+  "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE",
+  "UNABLE_TO_GET_ISSUER_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT_LOCALLY",
+  "CERT_HAS_EXPIRED",
+  "CERT_NOT_YET_VALID",
+  "CERT_SIGNATURE_FAILURE",
+]);
 
 // The library wraps the telling error ("connect ECONNREFUSED …") in generic
 // ones ("Producing messages failed."), as an AggregateError's last one or a cause.
-function rootMessage(error: unknown): string {
+function rootError(error: unknown): unknown {
   let current = error;
   for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
     const next = nextCause(current);
     if (!(next instanceof Error) || !next.message) break;
     current = next;
   }
-  return current instanceof Error ? current.message : String(current);
+  return current;
 }
 
 /**

@@ -18,6 +18,7 @@ import {
 } from "./client.ts";
 import type { Assignment, Membership } from "./assignment.ts";
 import { settleWithin } from "./deadline.ts";
+import { libraryTlsSasl } from "./security.ts";
 import type { GroupClient } from "./group_client.ts";
 
 /** What a `FencedCommitter` reads on each attempt. */
@@ -103,6 +104,8 @@ export class FencedCommitter {
       this.#pool ??= new ConnectionPool(`${this.#opts.clientId}-commits`, {
         connectTimeout: this.#opts.connectTimeoutMs,
         requestTimeout,
+        // A connection of its own: it must secure itself as the consumer's do.
+        ...libraryTlsSasl(this.#opts.security),
       });
       const connection = await this.#pool.get(broker);
       const topics = new Map<string, offsetCommitV8.OffsetCommitRequestTopic>();

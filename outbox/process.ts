@@ -7,7 +7,7 @@
  * (core/process_harness.ts: a second signal forces the exit).
  */
 import client from "prom-client";
-import { brokerList, processEnv } from "../core/config.ts";
+import { kafkaConnection, processEnv } from "../core/config.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger, type Logger } from "../core/log.ts";
@@ -66,7 +66,7 @@ export async function main(args: string[]): Promise<number> {
     applicationName: `poimen-outbox ${id}`.slice(0, 63),
   });
   const kafkaClient = {
-    brokers: brokerList(cfg.KAFKA_BROKERS),
+    ...kafkaConnection(cfg),
     clientId: `${cfg.KAFKA_CLIENT_ID}-outbox`,
     logger: log,
   };

@@ -6,7 +6,7 @@
  * second signal forces the exit).
  */
 import client from "prom-client";
-import { brokerList, processEnv } from "../core/config.ts";
+import { kafkaConnection, processEnv } from "../core/config.ts";
 import { type Part, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger } from "../core/log.ts";
 import { ApiClient } from "./api_client.ts";
@@ -49,7 +49,7 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
   const registry = new client.Registry();
   const metrics = createRelayMetrics(registry);
   const kafka = {
-    brokers: brokerList(config.KAFKA_BROKERS),
+    ...kafkaConnection(config),
     clientId: `${config.KAFKA_CLIENT_ID}-relay`,
     logger: log,
   };

@@ -61,7 +61,7 @@ Deno.test("dev kafka: a bad variable or command is one line and exit 2", async (
   assert.equal(usage.stderr, 'kafka: unknown action "frobnicate"; one of start, stop, status');
   const none = await cli([]);
   assert.equal(none.code, 2);
-  assert.equal(none.stderr, "usage: kafka start|stop|status (see 'kafka --help')");
+  assert.equal(none.stderr, "usage: kafka [--secured] start|stop|status (see 'kafka --help')");
 });
 
 Deno.test("dev kafka: status of a broker that is not running is 'stopped' with exit 3", async () => {

@@ -7,6 +7,12 @@ import {
   stopBroker,
 } from "../../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../../kafka/consumer.ts";
+import type { KafkaSecurity } from "../../kafka/security.ts";
+import {
+  ensureSecuredMaterial,
+  securedClientSecurity,
+  type SecuredMaterial,
+} from "../../dev/kafka_secured.ts";
 import { freePort } from "./processes.ts";
 
 /**
@@ -40,6 +46,16 @@ export interface PrivateBroker {
   [Symbol.asyncDispose](): Promise<void>;
 }
 
+/** A `PrivateBroker` in the secured mode (dev/kafka_secured.ts). */
+export interface SecuredBroker extends PrivateBroker {
+  /** Its mTLS listener, `127.0.0.1:<port>` (`address` is SASL_SSL). */
+  readonly sslAddress: string;
+  /** Its TLS material and SCRAM password. */
+  readonly material: SecuredMaterial;
+  /** How a client of `address` connects (SCRAM-SHA-512, the CA's PEM). */
+  readonly security: KafkaSecurity;
+}
+
 /**
  * Starts a broker on free ports with a data directory of its own (the jars
  * are shared with the development broker's), for a test that takes the
@@ -47,11 +63,18 @@ export interface PrivateBroker {
  * and a broker started elsewhere on 9092 (another checkout, `deno task up`)
  * is not this test's to stop. Use with `await using`.
  */
-export async function privateBroker(): Promise<PrivateBroker> {
+export function privateBroker(): Promise<PrivateBroker>;
+/** The same in the secured mode: SASL_SSL on `address`, mTLS on `sslAddress`. */
+export function privateBroker(mode: { secured: true }): Promise<SecuredBroker>;
+export async function privateBroker(
+  mode: { secured?: boolean } = {},
+): Promise<PrivateBroker | SecuredBroker> {
   const dir = await Deno.makeTempDir({ prefix: "poimen-test-kafka-" });
+  const sslPort = freePort();
   const opts = {
     port: freePort(),
     controllerPort: freePort(),
+    ...mode.secured ? { secured: { sslPort } } : {},
     dir,
     libs: brokerOptionsFromEnv().libs,
     heap: "384m",
@@ -87,20 +110,29 @@ export async function privateBroker(): Promise<PrivateBroker> {
     await broker[Symbol.asyncDispose]().catch(() => {});
     throw error;
   }
-  return broker;
+  if (!mode.secured) return broker;
+  // Made by the start above.
+  const material = await ensureSecuredMaterial(dir);
+  return Object.assign(broker, {
+    sslAddress: `127.0.0.1:${sslPort}`,
+    material,
+    security: securedClientSecurity(material),
+  });
 }
 
 /**
- * A consumer of `topic` on `broker` (default: the shared one) from the
- * earliest offset, in a group of its own, collecting into `got` in the
- * background until `consumer.close()`.
+ * A consumer of `topic` on `broker` (default: the shared one; secured with
+ * `security` when given) from the earliest offset, in a group of its own,
+ * collecting into `got` in the background until `consumer.close()`.
  */
 export function consume(
   topic: string,
   broker = BROKER,
+  security?: KafkaSecurity,
 ): { got: ConsumedMessage[]; consumer: KafkaConsumer } {
   const consumer = createConsumer({
     brokers: [broker],
+    security,
     clientId: "poimen-test",
     groupId: `test-${crypto.randomUUID()}`,
     topics: [topic],
