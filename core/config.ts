@@ -100,8 +100,6 @@ export function databaseUrlProblem(url: string): string | undefined {
 
 export const databaseEnv = {
   DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL).superRefine((url, ctx) => {
-    // zod runs this after a failed url(), which has already said what is wrong.
-    if (!URL.canParse(url)) return;
     const problem = databaseUrlProblem(url);
     if (problem) ctx.addIssue({ code: "custom", message: problem });
   }),
