@@ -190,6 +190,34 @@ Deno.test({
     });
 
     await t.step(
+      "a broker reached under a name its certificate does not hold is refused",
+      async () => {
+        // The same broker behind a TCP relay on 127.0.0.2: the right CA, the
+        // right password, a certificate for localhost and 127.0.0.1 only.
+        const listener = Deno.listen({ hostname: "127.0.0.2", port: 0 });
+        const [host, port] = broker.address.split(":");
+        const piping = (async () => {
+          for await (const conn of listener) {
+            Deno.connect({ hostname: host, port: Number(port) }).then(async (upstream) => {
+              await Promise.allSettled([
+                conn.readable.pipeTo(upstream.writable),
+                upstream.readable.pipeTo(conn.writable),
+              ]);
+            }).catch(() => conn.close());
+          }
+        })();
+        try {
+          const env = { ...saslEnv(broker), KAFKA_BROKERS: `127.0.0.2:${listener.addr.port}` };
+          const line = oneLine(await cli("topics", [tenant], env), password);
+          assert.match(line, /^topics: kafka admin \w+: .*(altnames|does not match)/i);
+        } finally {
+          listener.close();
+          await piping.catch(() => {});
+        }
+      },
+    );
+
+    await t.step(
       "KAFKA_SSL_CA_FILE and a client certificate (mTLS) on the SSL listener",
       async () => {
         const m = broker.material;
