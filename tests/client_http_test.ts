@@ -20,7 +20,7 @@ import {
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, freePort, runCommand } from "./support/processes.ts";
+import { ApiProcess, freePort, newToken } from "./support/processes.ts";
 import { PROJECT_ROOT } from "../dev/tasks.ts";
 
 /** An API process on a port chosen here, so a restarted API is found at the same URL. */
@@ -30,12 +30,6 @@ class PinnedApi extends ApiProcess {
     super({ ...env, PORT: String(port) });
     this.url = `http://127.0.0.1:${port}`;
   }
-}
-
-async function newToken(db: TestDatabase, ...args: string[]): Promise<string> {
-  const out = await runCommand("token", args, { DATABASE_URL: db.url, LOG_LEVEL: "warn" });
-  assert.equal(out.code, 0, out.stderr);
-  return out.stdout.trim();
 }
 
 async function runsWithKey(db: TestDatabase, tenant: string, key: string) {
@@ -64,7 +58,7 @@ function apiTest(name: string, fn: (ctx: Ctx) => Promise<void>) {
     const start = () => new PinnedApi(port, { DATABASE_URL: db.url }).ready();
     const apis: PinnedApi[] = [];
     try {
-      const token = await newToken(db, tenant);
+      const token = await newToken(db.url, tenant);
       apis.push(await start());
       const ctx: Ctx = {
         db,
@@ -185,7 +179,7 @@ Deno.test({
     const proxy = lossyProxy(Number(new URL(api.url).port));
     try {
       const tenant = `ch-${crypto.randomUUID().slice(0, 8)}`;
-      const token = await newToken(db, tenant);
+      const token = await newToken(db.url, tenant);
       await api.ready();
       const client = new PoimenClient({ url: proxy.url, token });
       const retries: RetryInfo[] = [];
@@ -307,7 +301,7 @@ apiTest(
     assert.deepEqual(got.input, { a: 1 });
     assert.equal(run.dispatch_key, null, "no key asked, none generated");
 
-    const other = new PoimenClient({ url: api.url, token: await newToken(db, `${tenant}-x`) });
+    const other = new PoimenClient({ url: api.url, token: await newToken(db.url, `${tenant}-x`) });
     const err = await other.getRun(run.run_id).catch((e) => e);
     assert.ok(err instanceof PoimenProblem);
     assert.equal(err.code, "not-found");
@@ -316,7 +310,7 @@ apiTest(
     // A service token acts for the tenant the client names.
     const service = new PoimenClient({
       url: api.url,
-      token: await newToken(db, "--service", "client-test"),
+      token: await newToken(db.url, "--service", "client-test"),
       tenant,
     });
     assert.equal((await service.getRun(run.run_id)).run_id, run.run_id);
@@ -335,7 +329,7 @@ Deno.test({
     const api = new ApiProcess({ DATABASE_URL: db.url });
     try {
       const tenant = `ch-${crypto.randomUUID().slice(0, 8)}`;
-      const client = new PoimenClient({ url: api.url, token: await newToken(db, tenant) });
+      const client = new PoimenClient({ url: api.url, token: await newToken(db.url, tenant) });
       await api.ready();
       // No worker runs here: the run stays queued until cancelled.
       const { run } = await client.admitRun({ workflow_ref: "echo" }, { idempotent: true });

@@ -15,18 +15,12 @@ import { type EventMessage, parseEventMessage } from "../contracts/events.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { ApiProcess, newToken, PoimenProcess } from "./support/processes.ts";
 import { BROKER, consume, KAFKA_TEST } from "./support/kafka.ts";
 
 const LONG = 60 * SECOND;
 
 await startBroker();
-
-async function newToken(databaseUrl: string, tenant: string): Promise<string> {
-  const tok = await runCommand("token", [tenant], { DATABASE_URL: databaseUrl });
-  assert.equal(tok.code, 0, tok.stderr);
-  return tok.stdout.trim();
-}
 
 Deno.test({
   name: "cancel: queued at once, running mid-handler, finished refused, other tenants' hidden",

@@ -8,13 +8,7 @@
  */
 import assert from "node:assert/strict";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
-
-async function newToken(db: TestDatabase, tenant: string): Promise<string> {
-  const out = await runCommand("token", [tenant], { DATABASE_URL: db.url, LOG_LEVEL: "warn" });
-  assert.equal(out.code, 0, out.stderr);
-  return out.stdout.trim();
-}
+import { ApiProcess, newToken, PoimenProcess } from "./support/processes.ts";
 
 interface Ctx {
   db: TestDatabase;
@@ -28,8 +22,8 @@ interface Ctx {
 function waitTest(name: string, env: Record<string, string>, fn: (ctx: Ctx) => Promise<void>) {
   Deno.test(`run wait: ${name}`, async () => {
     const db = await freshDatabase();
-    const token = await newToken(db, "acme");
-    const other = await newToken(db, "globex");
+    const token = await newToken(db.url, "acme");
+    const other = await newToken(db.url, "globex");
     const api = new ApiProcess({ DATABASE_URL: db.url, ...env });
     const worker = new PoimenProcess("worker", {
       DATABASE_URL: db.url,

@@ -17,18 +17,12 @@ import { MAX_RUN_AFTER_DAYS } from "../contracts/runs.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { DAY, SECOND } from "../core/time.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, freePort, PoimenProcess, runCommand } from "./support/processes.ts";
+import { ApiProcess, freePort, newToken, PoimenProcess } from "./support/processes.ts";
 import { BROKER, KAFKA_TEST } from "./support/kafka.ts";
 
 const LONG = 60 * SECOND;
 
 await startBroker();
-
-async function newToken(databaseUrl: string, args: string[]): Promise<string> {
-  const tok = await runCommand("token", args, { DATABASE_URL: databaseUrl });
-  assert.equal(tok.code, 0, tok.stderr);
-  return tok.stdout.trim();
-}
 
 /** `at` as RFC 3339 with a +02:00 offset (not Z), as a caller elsewhere would write it. */
 function withOffset(at: Date): string {
@@ -42,7 +36,7 @@ Deno.test({
   async fn() {
     const db = await freshDatabase();
     const tenant = `sc-${crypto.randomUUID().slice(0, 8)}`;
-    const token = await newToken(db.url, [tenant]);
+    const token = await newToken(db.url, tenant);
     const env = { DATABASE_URL: db.url, LOG_LEVEL: "warn" };
     const api = new ApiProcess(env);
     const worker = new PoimenProcess("worker", { ...env, WORKER_POLL_MS: "100" });
@@ -156,8 +150,8 @@ Deno.test({
   async fn() {
     const db = await freshDatabase();
     const tenant = `sck-${crypto.randomUUID().slice(0, 8)}`;
-    const token = await newToken(db.url, [tenant]);
-    const relayToken = await newToken(db.url, ["--service", "relay"]);
+    const token = await newToken(db.url, tenant);
+    const relayToken = await newToken(db.url, "--service", "relay");
     const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
     await ensureTenantTopics(admin, tenant, {
       partitions: 1,

@@ -11,17 +11,11 @@ import { z } from "zod";
 import { silentLogger } from "../core/log.ts";
 import { createWorker } from "../worker/run_worker.ts";
 import { defineWorkflow } from "../workflows/define.ts";
-import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
-import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
+import { freshDatabase, waitFor } from "./support/db.ts";
+import { ApiProcess, newToken, PoimenProcess } from "./support/processes.ts";
 import { localModuleGraph } from "./support/module_graph.ts";
 
 const TENANT = "acme";
-
-async function newToken(db: TestDatabase): Promise<string> {
-  const out = await runCommand("token", [TENANT], { DATABASE_URL: db.url, LOG_LEVEL: "warn" });
-  assert.equal(out.code, 0, out.stderr);
-  return out.stdout.trim();
-}
 
 const invoice = defineWorkflow({
   name: "billing.invoice",
@@ -41,7 +35,7 @@ async function post(api: ApiProcess, token: string, body: unknown) {
 
 Deno.test("catalog: an API started before the worker learns its workflow by NOTIFY, validates input against it naming the failing field, and runs it; a workflow never registered is 422 unknown-workflow", async () => {
   const db = await freshDatabase();
-  const token = await newToken(db);
+  const token = await newToken(db.url, TENANT);
   // A fallback refresh far beyond the test: only the NOTIFY can teach it.
   const api = new ApiProcess({
     DATABASE_URL: db.url,

@@ -3,8 +3,9 @@
  * dev/processes.ts (shared with `deno task chaos`); here, what only tests
  * need (an API process that waits until ready, a metrics sample parser).
  */
+import assert from "node:assert/strict";
 import { waitFor } from "./db.ts";
-import { freePort, PoimenProcess } from "../../dev/processes.ts";
+import { freePort, PoimenProcess, runCommand } from "../../dev/processes.ts";
 
 export { freePort, PoimenProcess, runCommand, runFlags } from "../../dev/processes.ts";
 
@@ -48,4 +49,11 @@ export function sampleValue(text: string, name: string, labels: Record<string, s
     if (Object.entries(labels).every(([k, v]) => have.get(k) === v)) sum += Number(m[4]);
   }
   return sum;
+}
+
+/** A new token from `deno task token <args>` (a tenant, or `--service <name>`), against `databaseUrl`. */
+export async function newToken(databaseUrl: string, ...args: string[]): Promise<string> {
+  const out = await runCommand("token", args, { DATABASE_URL: databaseUrl, LOG_LEVEL: "warn" });
+  assert.equal(out.code, 0, out.stderr);
+  return out.stdout.trim();
 }
