@@ -102,14 +102,35 @@ export async function removeWorker(sql: Sql, workerId: string): Promise<void> {
   await sql`delete from workflow_workers where worker_id = ${workerId}`;
 }
 
+/**
+ * The one definition of "no live worker hosts this version", as SQL text
+ * for a statement's WHERE: `name` and `version` are SQL expressions of the
+ * version (`v.name`, `r.workflow_version`…). A worker is live while its row
+ * has not expired; the table holds one row per worker, so this reads a few.
+ */
+export function noLiveHost(name: string, version: string): string {
+  return `not exists (select 1 from workflow_workers w
+                       where w.expires_at > now()
+                         and ${name} || '@' || ${version} = any (w.workflows))`;
+}
+
+/**
+ * A CTE `unhosted (name, version, workflow)`: the catalog's versions no live
+ * worker hosts, materialized so that they are filtered before any of `runs`
+ * is read.
+ */
+export const UNHOSTED_VERSIONS = `unhosted as materialized (
+      select v.name, v.version, v.name || '@' || v.version as workflow
+        from workflow_versions v
+       where ${noLiveHost("v.name", "v.version")}
+    )`;
+
 /** Whether a live worker hosts `name@version`. */
 export async function isHosted(sql: Sql, name: string, version: number): Promise<boolean> {
-  const [r] = await sql<{ hosted: boolean }[]>`
-    select exists (
-      select 1 from workflow_workers
-       where expires_at > now() and ${`${name}@${version}`}::text = any (workflows)
-    ) as hosted`;
-  return r.hosted;
+  const [r] = await sql<{ unhosted: boolean }[]>`
+    select ${sql.unsafe(noLiveHost("h.name", "h.version"))} as unhosted
+      from (select ${name}::text as name, ${version}::int as version) h`;
+  return !r.unhosted;
 }
 
 /** Queued runs of one version that no live worker hosts. */
@@ -131,13 +152,7 @@ export interface UnhostedQueue {
 export async function selectUnhostedQueues(sql: Sql, cap: number): Promise<UnhostedQueue[]> {
   return await sql<UnhostedQueue[]>`
     with recursive ${sql.unsafe(QUEUED_TENANT_SCAN)},
-    unhosted as materialized (
-      select v.name, v.version, v.name || '@' || v.version as workflow
-        from workflow_versions v
-       where not exists (
-             select 1 from workflow_workers w
-              where w.expires_at > now() and v.name || '@' || v.version = any (w.workflows))
-    )
+    ${sql.unsafe(UNHOSTED_VERSIONS)}
     select u.workflow, q.runs
       from unhosted u
      cross join lateral (

@@ -19,6 +19,7 @@
  *   counted per catalog version not hosted, one capped range each.
  */
 import type { Sql } from "./pool.ts";
+import { UNHOSTED_VERSIONS } from "./catalog.ts";
 
 /** Counts stop here: beyond it, "at least this many" is what matters. */
 export const COUNT_CAP = 100_000;
@@ -85,15 +86,9 @@ export async function selectTenantWaitingVersions(
   sql: Sql,
   tenantId: string,
 ): Promise<WaitingVersion[]> {
-  // Materialized: the versions are filtered before any of runs is read.
   return await sql<WaitingVersion[]>`
-    with unhosted as materialized (
-      select v.name, v.version from workflow_versions v
-       where not exists (
-             select 1 from workflow_workers w
-              where w.expires_at > now() and v.name || '@' || v.version = any (w.workflows))
-    )
-    select u.name || '@' || u.version as workflow, q.runs
+    with ${sql.unsafe(UNHOSTED_VERSIONS)}
+    select u.workflow, q.runs
       from unhosted u
      cross join lateral (
            select count(*)::int as runs

@@ -2,6 +2,7 @@
 import type { z } from "zod";
 import type { RunStatus as RunStatusSchema } from "../contracts/runs.ts";
 import type { Sql } from "./pool.ts";
+import { noLiveHost } from "./catalog.ts";
 
 /** A run as the API returns it (without its input, which only `selectRun` reads). */
 export interface RunRow {
@@ -89,10 +90,7 @@ export async function selectRun(
            ${
     opts.waiting
       ? sql`, case when status <> 'queued' then null
-                   when not exists (
-                        select 1 from workflow_workers w
-                         where w.expires_at > now()
-                           and r.workflow_name || '@' || r.workflow_version = any (w.workflows))
+                   when ${sql.unsafe(noLiveHost("r.workflow_name", "r.workflow_version"))}
                      then 'worker'
                    when run_after > now() then 'schedule'
                    else 'slot' end as waiting_reason`
