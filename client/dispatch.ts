@@ -38,7 +38,7 @@
  * @module
  */
 import { formatPath, RunRequest as RunRequestSchema } from "../contracts/runs.ts";
-import type { RunRequest } from "../contracts/wire.ts";
+import type { ProblemFieldError, RunRequest } from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import { dispatchMessageKey, dispatchTopic } from "../contracts/topics.ts";
 import { createProducer, type KafkaProducer } from "../kafka/producer.ts";
@@ -46,7 +46,7 @@ import type { KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism } from "../kafka
 import { PoimenProblem } from "./http.ts";
 
 export { PoimenProblem };
-export type { KafkaSasl, KafkaSecurity, KafkaTls, RunRequest, SaslMechanism };
+export type { KafkaSasl, KafkaSecurity, KafkaTls, ProblemFieldError, RunRequest, SaslMechanism };
 
 /** Options of `new DispatchPublisher`. */
 export interface DispatchPublisherOptions {

@@ -8,13 +8,11 @@
 import type { Logger } from "../core/log.ts";
 import { createLogger } from "../core/log.ts";
 import { once } from "../core/lifecycle.ts";
-import { SECOND } from "../core/time.ts";
-import { createPool } from "../db/pool.ts";
+import { createPool, type Sql } from "../db/pool.ts";
 import type { Workflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
-import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 import { Worker } from "./worker.ts";
-import { defaultWorkerId } from "./config.ts";
+import { defaultWorkerId, readWorkerConfig } from "./config.ts";
 
 /** What `createWorker` takes; everything but `workflows` and `databaseUrl` has a default. */
 export interface CreateWorkerOptions {
@@ -61,6 +59,23 @@ export interface PoimenWorker {
 }
 
 /**
+ * A worker's pools: `sql` for its statements (`size` connections) and a
+ * factory of the one-connection pool it LISTENs on (db/listener.ts), both
+ * named after the worker in `pg_stat_activity`.
+ */
+export function workerPools(
+  url: string,
+  size: number,
+  id: string,
+): { sql: Sql; listener: () => Sql } {
+  return {
+    sql: createPool({ url, max: size, applicationName: `poimen-worker ${id}`.slice(0, 63) }),
+    listener: () =>
+      createPool({ url, max: 1, applicationName: `poimen-worker-listen ${id}`.slice(0, 63) }),
+  };
+}
+
+/**
  * Makes a worker hosting `options.workflows`. Throws a `TypeError` when no
  * workflow is given or one `name@version` is given twice.
  */
@@ -69,26 +84,23 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
   const registry = new WorkflowRegistry(options.workflows);
   const id = options.id ?? defaultWorkerId();
   const log = options.log ?? createLogger("worker", "info");
-  const sql = createPool({
-    url: options.databaseUrl,
-    max: options.poolSize ?? 10,
-    applicationName: `poimen-worker ${id}`.slice(0, 63),
-  });
+  // The defaults are those of `deno task worker`'s variables, from the one schema.
+  const defaults = readWorkerConfig({});
+  const { sql, listener } = workerPools(
+    options.databaseUrl,
+    options.poolSize ?? defaults.DATABASE_POOL_SIZE,
+    id,
+  );
   const worker = new Worker(sql, registry, {
     id,
-    concurrency: options.concurrency ?? 4,
-    leaseMs: options.leaseMs ?? 30 * SECOND,
-    pollMs: options.pollMs ?? SECOND,
-    retryBaseMs: options.retryBaseMs ?? SECOND,
-    shutdownMs: options.shutdownMs ?? 10 * SECOND,
-    resultMaxBytes: options.resultMaxBytes ?? DEFAULT_RUN_RESULT_MAX_BYTES,
+    concurrency: options.concurrency ?? defaults.WORKER_CONCURRENCY,
+    leaseMs: options.leaseMs ?? defaults.WORKER_LEASE_MS,
+    pollMs: options.pollMs ?? defaults.WORKER_POLL_MS,
+    retryBaseMs: options.retryBaseMs ?? defaults.WORKER_RETRY_BASE_MS,
+    shutdownMs: options.shutdownMs ?? defaults.WORKER_SHUTDOWN_MS,
+    resultMaxBytes: options.resultMaxBytes ?? defaults.RUN_RESULT_MAX_BYTES,
     log,
-    listener: () =>
-      createPool({
-        url: options.databaseUrl,
-        max: 1,
-        applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
-      }),
+    listener,
   });
   const stop = once(async () => {
     try {

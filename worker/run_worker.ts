@@ -30,7 +30,7 @@ import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger } from "../core/log.ts";
 import { metricsPart } from "../core/metrics_server.ts";
 import { abortable } from "../core/health.ts";
-import { createPool, ping } from "../db/pool.ts";
+import { ping } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import { queueStats } from "../db/queue_stats.ts";
 import type { Workflow } from "../workflows/define.ts";
@@ -40,7 +40,15 @@ import { createWorkerMetrics } from "./metrics.ts";
 import { Worker } from "./worker.ts";
 
 export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
-export type { Workflow, WorkflowContext } from "../workflows/define.ts";
+import { workerPools } from "./create_worker.ts";
+export type {
+  Fields,
+  InputSchema,
+  Logger,
+  Workflow,
+  WorkflowContext,
+  WorkflowOptions,
+} from "../workflows/define.ts";
 
 /** What `runWorker` takes. */
 export interface RunWorkerOptions {
@@ -74,11 +82,7 @@ async function serve(options: RunWorkerOptions): Promise<number> {
   const cfg = readWorkerConfig(options.env ?? processEnv());
   const id = cfg.WORKER_ID ?? defaultWorkerId();
   const log = createLogger("worker", cfg.LOG_LEVEL);
-  const sql = createPool({
-    url: cfg.DATABASE_URL,
-    max: cfg.DATABASE_POOL_SIZE,
-    applicationName: `poimen-worker ${id}`.slice(0, 63),
-  });
+  const { sql, listener } = workerPools(cfg.DATABASE_URL, cfg.DATABASE_POOL_SIZE, id);
   const metricsRegistry = new client.Registry();
   guardDriverFaults(log, metricsRegistry);
   const metrics = createWorkerMetrics(
@@ -98,12 +102,7 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
     log,
     hooks: metrics.hooks,
-    listener: () =>
-      createPool({
-        url: cfg.DATABASE_URL,
-        max: 1,
-        applicationName: `poimen-worker-listen ${id}`.slice(0, 63),
-      }),
+    listener,
   });
   return await runProcess([
     // Closed last: everything above uses it.

@@ -28,7 +28,7 @@ import { z } from "zod";
 import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 
-export type { Logger } from "../core/log.ts";
+export type { Fields, Logger } from "../core/log.ts";
 /**
  * What `input` takes: a zod 4 schema (`z.object({...})` and the like), seen
  * by what a worker uses of it.
