@@ -21,6 +21,13 @@ import type { RunRow } from "../db/runs.ts";
 import type { RunRequest } from "../contracts/runs.ts";
 import type { AdmissionVersion, WorkflowLookup } from "./catalog.ts";
 import { Batcher } from "../core/batcher.ts";
+import { formatPath } from "../contracts/runs.ts";
+import { concurrencyKeyOf } from "../workflows/concurrency.ts";
+
+/** A JSON Pointer's segments, unescaped (`/a~1b/0` → `["a/b", "0"]`). */
+function pointerPath(pointer: string): string[] {
+  return pointer.split("/").slice(1).map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"));
+}
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
 export type AdmitRequest = RunRequest;
@@ -130,6 +137,17 @@ export class Admission {
         errors: problems,
       });
     }
+    let group: { concurrency_key: string; concurrency_limit: number } | undefined;
+    if (wf.concurrency) {
+      const outcome = concurrencyKeyOf(req.input, wf.concurrency.key);
+      if ("problem" in outcome) {
+        const path = formatPath(["input", ...pointerPath(wf.concurrency.key ?? "")]);
+        throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
+          errors: [{ path, message: outcome.problem }],
+        });
+      }
+      group = { concurrency_key: outcome.key, concurrency_limit: wf.concurrency.limit };
+    }
     try {
       return await this.#batcher.submit({
         tenant_id: ctx.tenantId,
@@ -145,6 +163,9 @@ export class Admission {
         max_attempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
         run_after: req.run_after ?? null,
         traceparent: ctx.traceparent ?? null,
+        priority: req.priority ?? 0,
+        concurrency_key: group?.concurrency_key ?? null,
+        concurrency_limit: group?.concurrency_limit ?? null,
       });
     } catch (err) {
       throw toDbError(err);

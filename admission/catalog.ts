@@ -29,6 +29,8 @@ export interface AdmissionVersion {
   version: number;
   /** null: the API's default. */
   maxAttempts: number | null;
+  /** Its concurrency limit (workflows/concurrency.ts); null: not limited. */
+  concurrency: { limit: number; key: string | null } | null;
   /** The input's failing fields (paths under `input`), or undefined when it is valid. */
   validate(input: unknown): FieldError[] | undefined;
 }
@@ -59,6 +61,9 @@ export function compileVersion(v: CatalogVersion): AdmissionVersion {
     name: v.name,
     version: v.version,
     maxAttempts: v.max_attempts,
+    concurrency: v.concurrency_limit == null
+      ? null
+      : { limit: v.concurrency_limit, key: v.concurrency_key ?? null },
     validate(input) {
       if (check(input)) return undefined;
       return (check.errors ?? []).slice(0, MAX_REPORTED).map(fieldError);

@@ -54,7 +54,10 @@ export interface RunsDeps {
 
 /** What a queued run waits for, for people and programs; null for any other run. */
 export function waitingFor(
-  row: Pick<RunRow, "workflow_name" | "workflow_version" | "run_after">,
+  row: Pick<RunRow, "workflow_name" | "workflow_version" | "run_after" | "concurrency_key"> & {
+    slot_limit?: number | null;
+    slot_running?: number | null;
+  },
   reason: WaitingReason | null,
 ): WaitingFor | null {
   switch (reason) {
@@ -68,6 +71,20 @@ export function waitingFor(
       const until = new Date(row.run_after).toISOString();
       return { reason, until, detail: `scheduled: not due before ${until}` };
     }
+    case "concurrency": {
+      const key = row.concurrency_key ?? "";
+      const limit = row.slot_limit ?? 0;
+      const running = row.slot_running ?? 0;
+      const per = key === "" ? "for this tenant" : `for key ${JSON.stringify(key)}`;
+      return {
+        reason,
+        key,
+        limit,
+        running,
+        detail: `waiting on ${row.workflow_name}'s concurrency limit: ${running} of ${limit} ` +
+          `running ${per}`,
+      };
+    }
     case "slot":
       return { reason, detail: "due; waiting for a free worker slot" };
   }
@@ -75,7 +92,12 @@ export function waitingFor(
 
 /** A run row as JSON; `waiting_for` when the row says what it waits for (selectRun's `waiting`). */
 export function toRun(
-  row: RunRow & { input?: unknown; waiting_reason?: WaitingReason | null },
+  row: RunRow & {
+    input?: unknown;
+    waiting_reason?: WaitingReason | null;
+    slot_limit?: number | null;
+    slot_running?: number | null;
+  },
 ): Run {
   const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
   return {
@@ -99,6 +121,8 @@ export function toRun(
     finished_at: iso(row.finished_at),
     run_after: iso(row.run_after)!,
     cancel_requested_at: iso(row.cancel_requested_at),
+    priority: row.priority,
+    concurrency_key: row.concurrency_key,
     ...("waiting_reason" in row && row.waiting_reason !== undefined
       ? { waiting_for: waitingFor(row, row.waiting_reason) }
       : {}),

@@ -165,6 +165,10 @@ export function formatPath(path: readonly PropertyKey[]): string {
   return out;
 }
 
+/** The lowest and highest `priority` of a run. */
+export const MIN_PRIORITY = -10;
+export const MAX_PRIORITY = 10;
+
 /** How far ahead a run may be scheduled (`run_after`): 365 days. */
 export const MAX_RUN_AFTER_DAYS = 365;
 const MAX_RUN_AFTER_MS = MAX_RUN_AFTER_DAYS * 24 * 3600 * 1000;
@@ -200,6 +204,11 @@ export const RunRequest = z.strictObject({
       "a time in the past means now. A replay of the dispatch key returns the first run, " +
       "whatever its run_after",
   ),
+  priority: z.number().int().min(MIN_PRIORITY).max(MAX_PRIORITY).nullable().optional().describe(
+    `An integer from ${MIN_PRIORITY} to ${MAX_PRIORITY} (default 0): within the tenant, a ` +
+      "higher priority starts first; tenants still take turns. A replay of the dispatch key " +
+      "keeps the first run's priority",
+  ),
 });
 export type RunRequest = z.infer<typeof RunRequest>;
 
@@ -216,18 +225,27 @@ export const RunStatus: z.ZodEnum<
 export type RunStatus = z.infer<typeof RunStatus>;
 
 /** Why a queued run has not started: `waiting_for` of GET /v1/runs/{run_id}. */
-export const WaitingReason: z.ZodEnum<{ worker: "worker"; schedule: "schedule"; slot: "slot" }> = z
-  .enum(["worker", "schedule", "slot"]);
+export const WaitingReason: z.ZodEnum<
+  { worker: "worker"; schedule: "schedule"; concurrency: "concurrency"; slot: "slot" }
+> = z.enum(["worker", "schedule", "concurrency", "slot"]);
 export type WaitingReason = z.infer<typeof WaitingReason>;
 
 /** What a queued run waits for, in the order it is checked. */
 export const WaitingFor = z.object({
   reason: WaitingReason.describe(
     "`worker`: no running worker hosts the run's workflow version; `schedule`: its run_after " +
-      "has not come; `slot`: it is due and a worker hosts it, and waits for a free slot",
+      "has not come; `concurrency`: its workflow's concurrency limit for its key is reached; " +
+      "`slot`: it is due and a worker hosts it, and waits for a free slot",
   ),
   workflow: z.string().optional().describe("On `worker`: the version it waits for, `name@version`"),
   until: z.string().optional().describe("On `schedule`: when it is due (its run_after)"),
+  key: z.string().optional().describe(
+    "On `concurrency`: the run's concurrency key ('' when the limit is per tenant)",
+  ),
+  limit: z.number().int().optional().describe("On `concurrency`: the limit"),
+  running: z.number().int().optional().describe(
+    "On `concurrency`: how many of the key's runs are running now",
+  ),
   detail: z.string().describe("The same for people"),
 });
 export type WaitingFor = z.infer<typeof WaitingFor>;
@@ -255,6 +273,11 @@ export const Run = z.object({
   run_after: z.string().describe("When the run is due: no attempt starts before"),
   cancel_requested_at: z.string().nullable().describe(
     "When a cancel was asked for; a running run ends `cancelled` once its worker sees it",
+  ),
+  priority: z.number().int().describe("-10..10: within the tenant, a higher priority starts first"),
+  concurrency_key: z.string().nullable().describe(
+    "Its concurrency key when its workflow version declares a concurrency limit ('' for a " +
+      "limit per tenant); null: not limited",
   ),
   waiting_for: WaitingFor.nullable().optional().describe(
     "Only on GET /v1/runs/{run_id}: null unless the run is queued; for a queued run, what it " +

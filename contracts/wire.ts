@@ -26,6 +26,12 @@ export interface RunRequest {
    * most 365 days ahead; a time in the past means now.
    */
   run_after?: string | null;
+  /**
+   * An integer from -10 to 10 (default 0): within the tenant, a higher
+   * priority starts first. A replay of the dispatch key keeps the first
+   * run's priority.
+   */
+  priority?: number | null;
 }
 
 /** Where a run is in its lifecycle. */
@@ -34,16 +40,23 @@ export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancell
 /**
  * What a queued run waits for (`waiting_for` of `GET /v1/runs/{run_id}`),
  * checked in this order: `worker`, no running worker hosts its workflow
- * version; `schedule`, its run_after has not come; `slot`, it is due and
- * hosted, and waits for a free worker slot.
+ * version; `schedule`, its run_after has not come; `concurrency`, its
+ * workflow's concurrency limit for its key is reached; `slot`, it is due
+ * and hosted, and waits for a free worker slot.
  */
 export interface WaitingFor {
-  /** `worker`, `schedule` or `slot`. */
-  reason: "worker" | "schedule" | "slot";
+  /** `worker`, `schedule`, `concurrency` or `slot`. */
+  reason: "worker" | "schedule" | "concurrency" | "slot";
   /** On `worker`: the version it waits for, `name@version`. */
   workflow?: string;
   /** On `schedule`: when it is due (its run_after). */
   until?: string;
+  /** On `concurrency`: the run's concurrency key ('' when the limit is per tenant). */
+  key?: string;
+  /** On `concurrency`: the limit. */
+  limit?: number;
+  /** On `concurrency`: how many of the key's runs are running now. */
+  running?: number;
   /** The same for people. */
   detail: string;
 }
@@ -90,6 +103,13 @@ export interface Run {
   run_after: string;
   /** When a cancel was asked for; a running run ends `cancelled` once its worker sees it. */
   cancel_requested_at: string | null;
+  /** -10..10: within the tenant, a higher priority starts first. */
+  priority: number;
+  /**
+   * Its concurrency key when its workflow version declares a concurrency
+   * limit ('' for a limit per tenant); null: not limited.
+   */
+  concurrency_key: string | null;
   /** Only on `GET /v1/runs/{run_id}`: null unless queued; for a queued run, what it waits for. */
   waiting_for?: WaitingFor | null;
 }

@@ -27,6 +27,15 @@ export interface NewRun {
   run_after: string | null;
   /** The W3C traceparent of the admitting request (core/tracing.ts); null without one. */
   traceparent?: string | null;
+  /** -10..10, higher first within the tenant; 0 when unset. */
+  priority?: number;
+  /**
+   * The run's concurrency group when its version declares a limit
+   * (`concurrency_limit` set too); null or unset: not limited.
+   */
+  concurrency_key?: string | null;
+  /** Its version's limit: at most this many of the group's runs running at once. */
+  concurrency_limit?: number | null;
 }
 
 /** A run an admission statement returned for entry `i` of its batch. */
@@ -79,17 +88,18 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
         cross join lateral jsonb_to_record(o.x) as q(
           tenant_id text, run_id uuid, workflow_ref text, workflow_name text,
           workflow_version integer, input jsonb, goal_id text, dispatch_key text,
-          source text, max_attempts integer, run_after timestamptz, traceparent text)
+          source text, max_attempts integer, run_after timestamptz, traceparent text,
+          priority smallint, concurrency_key text, concurrency_limit integer)
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
                         input, goal_id, dispatch_key, source, max_attempts, run_after,
-                        traceparent)
+                        traceparent, priority, concurrency_key)
       -- jsonb_to_record turns a JSON null into SQL NULL; the column keeps JSON null.
       -- greatest() skips a null: no run_after, or one in the past, is now.
       select tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
              coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts,
-             greatest(run_after, now()), traceparent
+             greatest(run_after, now()), traceparent, coalesce(priority, 0), concurrency_key
         from req
        order by tenant_id, dispatch_key, i
       on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing
@@ -103,6 +113,22 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
                                 'run_after', run_after),
              created_at
         from ins
+    ),
+    -- Each created limited run is queued in its concurrency group (migration
+    -- 011), the group made on its first run. Only after every insert above
+    -- (the aggregate reads all of them first), in key order: a batch waiting
+    -- on another's dispatch key holds no group, so none can deadlock.
+    groups as (
+      insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
+                                     queued)
+      select i.tenant_id, i.workflow_name, i.concurrency_key, max(q.concurrency_limit), count(*)
+        from ins i join req q on q.tenant_id = i.tenant_id and q.run_id = i.run_id
+       where i.concurrency_key is not null
+       group by 1, 2, 3
+       order by 1, 2, 3
+      on conflict (tenant_id, workflow_name, concurrency_key) do update
+         set queued = concurrency_slots.queued + excluded.queued,
+             max_running = excluded.max_running
     )
     select ${sql.unsafe(runColumns("r"))}, q.i, true as created, true as same_body
       from ins r join req q on q.tenant_id = r.tenant_id and q.run_id = r.run_id

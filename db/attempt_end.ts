@@ -7,7 +7,7 @@
  */
 import type postgres from "postgres";
 import type { Sql } from "./pool.ts";
-import { EVENT_COLUMNS } from "./queue_sql.ts";
+import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
 
 // postgres.js serializes a jsonb parameter itself (JSON.stringify): pass the
 // value, never a string of it, or it is stored as a JSON string. Round-trip
@@ -15,6 +15,15 @@ import { EVENT_COLUMNS } from "./queue_sql.ts";
 function toJson(value: unknown): postgres.JSONValue {
   return value === undefined ? null : JSON.parse(JSON.stringify(value));
 }
+
+// A limited run that leaves `running` frees its group's slot; one that goes
+// back to the queue is queued in its group again (db/queue_sql.ts).
+const SUCCEEDED_SLOTS = slotCountMoves("upd", "-1", "0");
+const ENDED_SLOTS = slotCountMoves(
+  "upd",
+  "-1",
+  "case when status = 'queued' then 1 else 0 end",
+);
 
 /** One run's completion in a `completeRuns` batch. */
 export interface Completion {
@@ -118,8 +127,9 @@ export async function completeRuns(
              event_seq = runs.event_seq + 1
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.event_seq,
-                runs.attempts, runs.result
+                runs.attempts, runs.result, runs.workflow_name, runs.concurrency_key
     ),
+    ${sql.unsafe(SUCCEEDED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.succeeded', goal_id, dispatch_key,
@@ -188,8 +198,9 @@ export async function failAttempt(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
-                run_after, error, cancel_requested_at
+                run_after, error, cancel_requested_at, workflow_name, concurrency_key
     ),
+    ${sql.unsafe(ENDED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,
@@ -242,8 +253,10 @@ export async function releaseRun(
              event_seq = event_seq + 1
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
-      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at
+      returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at,
+                workflow_name, concurrency_key
     ),
+    ${sql.unsafe(ENDED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,

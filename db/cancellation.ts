@@ -9,9 +9,16 @@
  */
 import type { Sql } from "./pool.ts";
 import { runColumns, type RunRow } from "./runs.ts";
-import { EVENT_COLUMNS } from "./queue_sql.ts";
+import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
 
 const RUN_COLUMNS = runColumns();
+// A cancelled queued run leaves its concurrency group's queue; a running one
+// keeps its slot until its worker ends it.
+const CANCELLED_SLOTS = slotCountMoves(
+  "upd",
+  "0",
+  "case when was_queued then -1 else 0 end",
+);
 
 /**
  * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
@@ -38,8 +45,11 @@ export async function requestCancel(
              event_seq = case when status = 'queued' then event_seq + 1 else event_seq end
        where tenant_id = ${tenantId} and run_id = ${runId}
          and (status = 'queued' or (status = 'running' and cancel_requested_at is null))
-      returning ${sql.unsafe(RUN_COLUMNS)}, input, event_seq
+      returning ${sql.unsafe(RUN_COLUMNS)}, input, event_seq,
+                -- Its status before: a queued run leaves its group's queue.
+                (status = 'cancelled') as was_queued
     ),
+    ${sql.unsafe(CANCELLED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.cancelled', goal_id, dispatch_key,

@@ -16,6 +16,10 @@ export interface CatalogVersion {
   input_schema: Record<string, unknown>;
   /** null: the API's DEFAULT_MAX_ATTEMPTS. */
   max_attempts: number | null;
+  /** At most this many runs running at once per group; null: not limited. */
+  concurrency_limit?: number | null;
+  /** The JSON Pointer into the input naming a run's group; null: one group per tenant. */
+  concurrency_key?: string | null;
 }
 
 /** What registering one version found. */
@@ -46,11 +50,15 @@ export async function registerVersions(
   return await sql<Registration[]>`
     with wanted as (
       select * from jsonb_to_recordset(${sql.json(versions as never)}::jsonb)
-        as w(name text, version int, input_schema jsonb, max_attempts int)
+        as w(name text, version int, input_schema jsonb, max_attempts int,
+             concurrency_limit int, concurrency_key text)
     ),
     ins as (
-      insert into workflow_versions (name, version, input_schema, max_attempts, registered_by)
-      select name, version, input_schema, max_attempts, ${workerId} from wanted
+      insert into workflow_versions (name, version, input_schema, max_attempts,
+                                     concurrency_limit, concurrency_key, registered_by)
+      select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
+             ${workerId}
+        from wanted
       on conflict (name, version) do nothing
       returning name, version
     )
@@ -58,7 +66,9 @@ export async function registerVersions(
            case when i.name is not null then true
                 when v.name is null then null
                 else v.input_schema = w.input_schema
-                     and v.max_attempts is not distinct from w.max_attempts end as same
+                     and v.max_attempts is not distinct from w.max_attempts
+                     and v.concurrency_limit is not distinct from w.concurrency_limit
+                     and v.concurrency_key is not distinct from w.concurrency_key end as same
       from wanted w
       left join ins i on i.name = w.name and i.version = w.version
       left join workflow_versions v on v.name = w.name and v.version = w.version`;
@@ -71,7 +81,8 @@ export async function registerVersions(
  */
 export async function selectCatalog(sql: Sql): Promise<CatalogVersion[]> {
   return await sql<CatalogVersion[]>`
-    select name, version, input_schema, max_attempts from workflow_versions
+    select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key
+      from workflow_versions
      order by name, version`;
 }
 

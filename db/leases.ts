@@ -5,7 +5,13 @@
  */
 import type { Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
-import { EVENT_COLUMNS } from "./queue_sql.ts";
+import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+
+const RECLAIMED_SLOTS = slotCountMoves(
+  "upd",
+  "-1",
+  "case when status = 'queued' then 1 else 0 end",
+);
 
 /** A run whose expired lease `reclaimExpired` took back. */
 export interface ReclaimedRun {
@@ -63,8 +69,12 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
              event_seq = runs.event_seq + 1
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
-                runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at
+                runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at,
+                runs.workflow_name, runs.concurrency_key
     ),
+    -- The expired attempt's slot is freed here, once: the run is queued in
+    -- its group again, not counted running twice.
+    ${sql.unsafe(RECLAIMED_SLOTS)},
     -- Two CTEs joined: no table is read, whatever the plan.
     reclaimed as (
       select u.*, e.lease_owner as previous_owner

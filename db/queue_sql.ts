@@ -56,13 +56,15 @@ export const QUEUED_TENANT_SCAN = `queued_tenants (tenant_id) as (
 
 /**
  * Two CTEs for a `with recursive`: `queued_tenants` (QUEUED_TENANT_SCAN)
- * and `heads`, each such tenant's oldest due run among the workflow
+ * and `heads`, when each such tenant's next due run among the workflow
  * versions in a CTE `versions (name, version)` that the statement defines
- * before these: one probe per tenant and version, each the head of one
- * index range (migration 008).
+ * before these became due (per version the next is the highest priority,
+ * then the oldest): one probe per tenant and version, each the head of one
+ * index range (migrations 008 and 011).
  */
 export const QUEUED_TENANTS = `${QUEUED_TENANT_SCAN},
-    -- Each such tenant's oldest due run of those versions: its place in line.
+    -- Each such tenant's next due run of those versions (highest priority,
+    -- then oldest): its wait is the tenant's place in line.
     heads as (
       select t.tenant_id, h.run_after
         from queued_tenants t
@@ -74,7 +76,7 @@ export const QUEUED_TENANTS = `${QUEUED_TENANT_SCAN},
                      where r.tenant_id collate "C" = t.tenant_id and r.status = 'queued'
                        and r.workflow_name = v.name and r.workflow_version = v.version
                        and r.run_after <= now()
-                     order by r.run_after limit 1) o) h
+                     order by r.priority desc, r.run_after limit 1) o) h
        where h.run_after is not null
     )`;
 
@@ -82,3 +84,52 @@ export const QUEUED_TENANTS = `${QUEUED_TENANT_SCAN},
 export const CATALOG_VERSIONS = `versions (name, version) as (
       select name, version from workflow_versions
     )`;
+
+/**
+ * Two CTEs that move the concurrency counts (migration 011) of the limited
+ * runs a statement just moved: `slot_moves`, per group of `source` (a CTE
+ * returning tenant_id, workflow_name, concurrency_key and, per run, the
+ * expressions `running` and `queued` as deltas, e.g. `-1` and `case when
+ * status = 'queued' then 1 else 0 end`), and `slot_counts`, which applies
+ * them (and `alsoSet`, more assignments, to each group). Runs without a
+ * concurrency key move nothing.
+ *
+ * Applied through an always-conflicting upsert (the group's row exists from
+ * its first admission), so each row is found by a primary-key probe and
+ * the delta lands on its newest version whatever the statement's snapshot;
+ * groups are locked in key order, so two such statements cannot deadlock.
+ * The deltas ride in a subquery of the CTE, not in the proposed row: were
+ * the row missing (a bug), it is made with zero counts, not the deltas.
+ */
+export function slotCountMoves(
+  source: string,
+  running: string,
+  queued: string,
+  alsoSet?: string,
+): string {
+  return `slot_moves as (
+      select tenant_id, workflow_name, concurrency_key,
+             sum(${running})::int as d_running, sum(${queued})::int as d_queued
+        from ${source}
+       where concurrency_key is not null
+       group by 1, 2, 3
+    ),
+    slot_counts as (
+      insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running)
+      select tenant_id, workflow_name, concurrency_key, 1 from slot_moves order by 1, 2, 3
+      on conflict (tenant_id, workflow_name, concurrency_key) do update
+         set running = greatest(0, concurrency_slots.running + (
+               select m.d_running from slot_moves m
+                where m.tenant_id = excluded.tenant_id and m.workflow_name = excluded.workflow_name
+                  and m.concurrency_key = excluded.concurrency_key)),
+             queued = greatest(0, concurrency_slots.queued + (
+               select m.d_queued from slot_moves m
+                where m.tenant_id = excluded.tenant_id and m.workflow_name = excluded.workflow_name
+                  and m.concurrency_key = excluded.concurrency_key))${
+    alsoSet
+      ? `,
+             ${alsoSet}`
+      : ""
+  }
+    )`;
+}

@@ -32,7 +32,13 @@ export interface QueueStats {
 export async function queueCounts(sql: Sql): Promise<Omit<QueueStats, "waitingForWorker">> {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
-    select (select count(*) from runs where status = 'queued')::int as queued,
+    -- Counted per tenant of the loose scan: each count is a range of the
+    -- queued index, naming its tenant in collation "C" so no other index or
+    -- a sequential scan can serve it, whatever the statistics.
+    select (select coalesce(sum((select count(*) from runs r
+                                  where r.tenant_id collate "C" = t.tenant_id
+                                    and r.status = 'queued')), 0)
+              from queued_tenants t where t.tenant_id is not null)::int as queued,
            (select count(*) from runs
              where status = 'running' and lease_expires_at is not null)::int as running,
            (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;

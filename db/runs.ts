@@ -27,6 +27,10 @@ export interface RunRow {
   run_after: Date;
   /** When a cancel was asked for (a running run ends `cancelled` once its worker sees it). */
   cancel_requested_at: Date | null;
+  /** -10..10: higher first within the tenant. */
+  priority: number;
+  /** Its concurrency group when its version declares a limit; null: not limited. */
+  concurrency_key: string | null;
 }
 
 /** A run's status; the set is a wire contract (contracts/runs.ts). */
@@ -52,6 +56,8 @@ const RUN_COLUMN_NAMES = [
   "finished_at",
   "run_after",
   "cancel_requested_at",
+  "priority",
+  "concurrency_key",
 ] as const;
 
 /** The columns of `RunRow` as a SQL list, qualified by `alias` when given. */
@@ -61,7 +67,7 @@ export function runColumns(alias?: string): string {
 const RUN_COLUMNS = runColumns();
 
 /** What a queued run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
-export type WaitingReason = "worker" | "schedule" | "slot";
+export type WaitingReason = "worker" | "schedule" | "concurrency" | "slot";
 
 /** A run as `selectRun` reads it: with its input, and what it waits for when asked. */
 export type RunDetailRow = RunRow & {
@@ -69,6 +75,9 @@ export type RunDetailRow = RunRow & {
   /** The seq of the run's last event: what a watcher compares (api/run_watch.ts). */
   event_seq: number;
   waiting_reason?: WaitingReason | null;
+  /** With `waiting`, for a limited run: its group's limit and runs running now. */
+  slot_limit?: number | null;
+  slot_running?: number | null;
 };
 
 /**
@@ -76,8 +85,10 @@ export type RunDetailRow = RunRow & {
  * tenant's. With `waiting`, also `waiting_reason` (null unless queued),
  * checked in this order in the same statement: `worker` when no live worker
  * hosts its version (db/catalog.ts), `schedule` when its run_after has not
- * come, else `slot`. The hosting probe reads workflow_workers, one row per
- * live worker, and only for a queued run.
+ * come, `concurrency` when its concurrency group (migration 011) has as
+ * many runs running as its limit, else `slot`. The hosting probe reads
+ * workflow_workers, one row per live worker, and only for a queued run; the
+ * group is one primary-key probe, only for a limited run.
  */
 export async function selectRun(
   sql: Sql,
@@ -86,18 +97,28 @@ export async function selectRun(
   opts: { waiting?: boolean } = {},
 ): Promise<RunDetailRow | undefined> {
   const [row] = await sql<RunDetailRow[]>`
-    select ${sql.unsafe(RUN_COLUMNS)}, input, event_seq
+    select ${sql.unsafe(runColumns("r"))}, r.input, r.event_seq
            ${
     opts.waiting
       ? sql`, case when status <> 'queued' then null
                    when ${sql.unsafe(noLiveHost("r.workflow_name", "r.workflow_version"))}
                      then 'worker'
                    when run_after > now() then 'schedule'
-                   else 'slot' end as waiting_reason`
+                   when g.running >= g.max_running then 'concurrency'
+                   else 'slot' end as waiting_reason,
+             g.max_running as slot_limit, g.running as slot_running`
       : sql``
   }
       from runs r
-     where tenant_id = ${tenantId} and run_id = ${runId}`;
+      ${
+    opts.waiting
+      ? sql`left join lateral (
+              select s.running, s.max_running from concurrency_slots s
+               where s.tenant_id = r.tenant_id and s.workflow_name = r.workflow_name
+                 and s.concurrency_key = r.concurrency_key and r.status = 'queued') g on true`
+      : sql``
+  }
+     where r.tenant_id = ${tenantId} and r.run_id = ${runId}`;
   return row;
 }
 

@@ -14,7 +14,7 @@ import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
 import type { WakeableSleep } from "../core/wakeable_sleep.ts";
 import type { Sql } from "../db/pool.ts";
-import { type ClaimedRun, claimRuns, type HostedVersions } from "../db/claims.ts";
+import { type ClaimedRun, claimLimitedRuns, claimRuns, type HostedVersions } from "../db/claims.ts";
 
 /** What the claim loop needs of its worker. */
 export interface ClaimLoopContext {
@@ -24,8 +24,10 @@ export interface ClaimLoopContext {
   concurrency: number;
   leaseMs: number;
   pollMs: number;
-  /** The versions the worker hosts: it claims runs of these only. */
+  /** The versions the worker hosts without a concurrency limit: it claims runs of these only. */
   hosted: HostedVersions;
+  /** The versions it hosts that declare a concurrency limit (claimed by `claimLimitedRuns`). */
+  limited?: HostedVersions;
   log: Logger;
   /** The wait between claims; the worker wakes it. */
   sleep: WakeableSleep;
@@ -50,6 +52,34 @@ export async function claimLoop(ctx: ClaimLoopContext): Promise<void> {
   let failures = 0;
   const minClaim = Math.max(1, Math.floor(concurrency / 4));
   let coalescingSince: number | undefined;
+  const unlimited = ctx.hosted.names.length > 0;
+  const limited = ctx.limited !== undefined && ctx.limited.names.length > 0;
+  // Limited and unlimited runs are two statements (db/claims.ts); which
+  // goes first alternates, so when both have more due than there are free
+  // slots, each gets half the claims.
+  let limitedFirst = false;
+  const claimBoth = async (free: number): Promise<ClaimedRun[]> => {
+    const one = (kind: "limited" | "unlimited", n: number) =>
+      kind === "limited"
+        ? claimLimitedRuns(ctx.sql, owner, n, leaseMs, ctx.limited!)
+        : claimRuns(ctx.sql, owner, n, leaseMs, ctx.hosted);
+    if (!limited) return await one("unlimited", free);
+    if (!unlimited) return await one("limited", free);
+    limitedFirst = !limitedFirst;
+    const [first, second] = limitedFirst
+      ? ["limited", "unlimited"] as const
+      : ["unlimited", "limited"] as const;
+    const got = await one(first, free);
+    if (got.length >= free) return got;
+    try {
+      return got.concat(await one(second, free - got.length));
+    } catch (err) {
+      // The first claim committed: its runs must run (or wait for their
+      // lease to expire), so a failure of the second only delays its own.
+      ctx.log.warn("claim failed", { error: err, kind: second });
+      return got;
+    }
+  };
   while (!stopping.aborted) {
     const handlers = ctx.handlers();
     const free = Math.min(concurrency - handlers, 2 * concurrency - ctx.held());
@@ -69,7 +99,7 @@ export async function claimLoop(ctx: ClaimLoopContext): Promise<void> {
       const claimedAt = Date.now();
       let claimed: ClaimedRun[];
       try {
-        claimed = await claimRuns(ctx.sql, owner, free, leaseMs, ctx.hosted);
+        claimed = await claimBoth(free);
         failures = 0;
       } catch (err) {
         failures++;

@@ -20,13 +20,17 @@
  * A worker hosting a definition registers it in the workflow catalog; the
  * API then validates each run's input against the definition's input as
  * JSON Schema, without loading this code. `name@version` is immutable once
- * registered: change the input or `maxAttempts` under a new version.
+ * registered: change the input, `maxAttempts` or `concurrency` under a new
+ * version.
  *
  * @module
  */
 import { z } from "zod";
 import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
+import { type ConcurrencyLimit, concurrencyProblem } from "./concurrency.ts";
+
+export type { ConcurrencyLimit } from "./concurrency.ts";
 
 export type { Fields, Logger } from "../core/log.ts";
 /**
@@ -76,6 +80,18 @@ export interface WorkflowOptions<I = unknown> {
   input: InputSchema<I>;
   /** Attempts before the run is `failed` (1–1000); unset: the API's DEFAULT_MAX_ATTEMPTS. */
   maxAttempts?: number;
+  /**
+   * At most `limit` runs of this workflow running at once per tenant, or per
+   * value of `key`, a JSON Pointer into the input (`"/customer_id"`)
+   * evaluated at admission: a run whose input has no string, number or
+   * boolean there is refused (422). A run over its limit stays queued and
+   * starts when a slot of its key frees, highest priority first, then
+   * oldest; the keys with room take turns. Registered in the catalog with
+   * the version: every worker and the API know it without this code. The
+   * limit is per workflow name: versions that declare different limits
+   * share the newest admitted run's.
+   */
+  concurrency?: ConcurrencyLimit;
   /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
   handler(input: I, ctx: WorkflowContext): Promise<unknown>;
 }
@@ -105,6 +121,10 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
   if (max !== undefined && (!Number.isInteger(max) || max < 1 || max > 1000)) {
     throw new TypeError(`workflow ${label}: maxAttempts must be an integer from 1 to 1000`);
   }
+  if (options.concurrency !== undefined) {
+    const problem = concurrencyProblem(options.concurrency);
+    if (problem) throw new TypeError(`workflow ${label}: ${problem}`);
+  }
   if (typeof options.handler !== "function") {
     throw new TypeError(`workflow ${label}: handler must be a function`);
   }
@@ -116,6 +136,10 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
     version: options.version,
     input: options.input,
     maxAttempts: max,
+    concurrency: options.concurrency === undefined ? undefined : Object.freeze({
+      limit: options.concurrency.limit,
+      ...(options.concurrency.key === undefined ? {} : { key: options.concurrency.key }),
+    }),
     handler: options.handler,
     inputSchema: Object.freeze(inputJsonSchema(options.input)),
     // Marks what defineWorkflow made (isWorkflow), across copies of this module.

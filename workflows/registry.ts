@@ -43,8 +43,20 @@ export class WorkflowRegistry {
 
   /** The hosted versions, as the claim takes them. */
   hosted(): HostedVersions {
+    return versionsOf([...this.#byRef.values()]);
+  }
+
+  /**
+   * The hosted versions split as the worker claims them: those without a
+   * concurrency limit (db/claims.ts `claimRuns`) and those with one
+   * (`claimLimitedRuns`).
+   */
+  hostedByLimit(): { unlimited: HostedVersions; limited: HostedVersions } {
     const all = [...this.#byRef.values()];
-    return { names: all.map((w) => w.name), versions: all.map((w) => w.version) };
+    return {
+      unlimited: versionsOf(all.filter((w) => w.concurrency === undefined)),
+      limited: versionsOf(all.filter((w) => w.concurrency !== undefined)),
+    };
   }
 
   /** What the catalog stores of each hosted version. */
@@ -54,6 +66,13 @@ export class WorkflowRegistry {
       version: w.version,
       input_schema: { ...w.inputSchema },
       max_attempts: w.maxAttempts ?? null,
+      concurrency_limit: w.concurrency?.limit ?? null,
+      concurrency_key: w.concurrency?.key ?? null,
     }));
   }
+}
+
+// deno-lint-ignore no-explicit-any
+function versionsOf(list: Workflow<any>[]): HostedVersions {
+  return { names: list.map((w) => w.name), versions: list.map((w) => w.version) };
 }
