@@ -22,7 +22,7 @@ import type { RunRequest } from "../contracts/runs.ts";
 import type { AdmissionVersion, WorkflowLookup } from "./catalog.ts";
 import { Batcher } from "../core/batcher.ts";
 import { formatPath } from "../contracts/runs.ts";
-import { concurrencyKeyOf } from "../workflows/concurrency.ts";
+import { concurrencyKeyOf } from "../contracts/concurrency.ts";
 
 /** A JSON Pointer's segments, unescaped (`/a~1b/0` → `["a/b", "0"]`). */
 function pointerPath(pointer: string): string[] {

@@ -92,7 +92,7 @@ export async function demo(): Promise<void> {
   const ids: string[] = page.runs.map((r) => r.run_id);
 
   const one = await read(ids[0] ?? id);
-  const waits: "worker" | "schedule" | "slot" | undefined = one.waiting_for?.reason;
+  const waits: "worker" | "schedule" | "concurrency" | "slot" | undefined = one.waiting_for?.reason;
   const attempts: number = one.attempts;
   void [replayed, key, version, status, more, waits, attempts];
 

@@ -146,7 +146,7 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
     properties: Record<string, { enum?: string[]; description?: string }>;
     required: string[];
   };
-  assert.deepEqual(waiting.properties.reason.enum, ["worker", "schedule", "slot"]);
+  assert.deepEqual(waiting.properties.reason.enum, ["worker", "schedule", "concurrency", "slot"]);
   assert.ok(waiting.properties.reason.description?.includes("no running worker"));
   assert.deepEqual(waiting.required, ["reason", "detail"]);
   // RunPage refers to Run rather than repeating it.

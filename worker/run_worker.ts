@@ -42,6 +42,7 @@ import { Worker } from "./worker.ts";
 export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
 import { workerPools } from "./create_worker.ts";
 export type {
+  ConcurrencyLimit,
   Fields,
   InputSchema,
   Logger,

@@ -28,9 +28,9 @@
 import { z } from "zod";
 import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
-import { type ConcurrencyLimit, concurrencyProblem } from "./concurrency.ts";
+import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
 
-export type { ConcurrencyLimit } from "./concurrency.ts";
+export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 
 export type { Fields, Logger } from "../core/log.ts";
 /**
