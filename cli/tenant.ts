@@ -86,6 +86,7 @@ export function quotaLine(q: TenantQuota): string {
   return `${q.tenant_id}: max-queued ${queued}, rate ${rate}`;
 }
 
+/** Runs `tenant` with its arguments; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
   if (typeof line === "number") return line;
