@@ -29,6 +29,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<{ main: Co
     load: () => import("./cli/init.ts"),
   },
   token: { summary: "create a tenant or service token", load: () => import("./cli/token.ts") },
+  tenant: {
+    summary: "show or set a tenant's quotas (max queued runs, admission rate)",
+    load: () => import("./cli/tenant.ts"),
+  },
   topics: { summary: "declare tenants' Kafka topics", load: () => import("./cli/topics.ts") },
   dispatch: {
     summary: "publish one dispatch message to Kafka",

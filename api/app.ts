@@ -9,6 +9,7 @@ import type { Logger } from "../core/log.ts";
 import type { Sql } from "../db/pool.ts";
 import { ping } from "../db/pool.ts";
 import type { Admission } from "../admission/admit.ts";
+import type { QuotaGate } from "../admission/quota.ts";
 import { HEADERS } from "../contracts/runs.ts";
 import { type Authenticator, type Principal } from "./auth.ts";
 import type { ApiMetrics } from "./metrics.ts";
@@ -47,6 +48,8 @@ export interface AppDeps {
   watch?: RunWatch;
   /** An idle event stream's comment-line interval (RUN_STREAM_HEARTBEAT_MS). */
   heartbeatMs?: number;
+  /** Per-tenant quotas on admission (admission/quota.ts); without it, none. */
+  quota?: QuotaGate;
 }
 
 // The route label of a request: the pattern of the route that matched

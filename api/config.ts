@@ -43,6 +43,13 @@ export const ApiEnv = z.object({
   RUN_WATCHERS_MAX: positiveInt(10_000),
   /** How often an idle event stream gets a comment line, so proxies keep it open. */
   RUN_STREAM_HEARTBEAT_MS: millis(15 * SECOND),
+  /**
+   * How often the tenants' quotas and the queued runs of tenants with a
+   * max_queued are read again (admission/quota.ts): a changed quota takes
+   * effect within it, and between reads only this process's admissions are
+   * added to a tenant's count.
+   */
+  QUOTA_REFRESH_MS: positiveInt(1 * SECOND),
 });
 export type ApiConfig = z.infer<typeof ApiEnv>;
 

@@ -1,6 +1,7 @@
 /** The API's Prometheus metrics, on a registry of its own (never prom-client's global one). */
 import client from "prom-client";
 import type { BodyBudget } from "./body_budget.ts";
+import type { QuotaRefusal, QuotaView } from "../admission/quota.ts";
 
 export type ApiMetrics = ReturnType<typeof createApiMetrics>;
 
@@ -64,6 +65,13 @@ export function createApiMetrics(registry: client.Registry) {
       labelNames: ["status"] as const,
       registers,
     }),
+    quotaRefusals: new client.Counter({
+      name: "poimen_admission_quota_refusals_total",
+      help: "Admissions refused by a tenant quota (429), by tenant and reason: queue-full, " +
+        "rate-limited",
+      labelNames: ["tenant", "reason"] as const,
+      registers,
+    }),
     authFailures: new client.Counter({
       name: "poimen_auth_failures_total",
       help: "Requests refused by authentication or tenant checks, by reason",
@@ -81,6 +89,43 @@ export function createApiMetrics(registry: client.Registry) {
   }>();
   return {
     ...m,
+    /** One admission refused by a tenant quota. */
+    quotaRefused(tenant: string, reason: QuotaRefusal): void {
+      m.quotaRefusals.inc({ tenant, reason });
+    },
+    /**
+     * `poimen_tenant_queued_runs` and `poimen_tenant_max_queued`: each
+     * tenant's quota use as the gate sees it (read at scrape time; only
+     * tenants with a quota, so the label set is as small as the quota table).
+     */
+    watchQuotas(view: () => QuotaView[]): void {
+      new client.Gauge({
+        name: "poimen_tenant_queued_runs",
+        help: "A tenant's queued runs as this API's quota gate counts them (at most its " +
+          "max_queued, plus this process's admissions since the count); tenants with a " +
+          "max_queued that admitted lately",
+        labelNames: ["tenant"] as const,
+        registers,
+        collect() {
+          this.reset();
+          for (const q of view()) {
+            if (q.queued !== undefined) this.set({ tenant: q.tenantId }, q.queued);
+          }
+        },
+      });
+      new client.Gauge({
+        name: "poimen_tenant_max_queued",
+        help: "A tenant's max_queued as this API's quota gate last read it",
+        labelNames: ["tenant"] as const,
+        registers,
+        collect() {
+          this.reset();
+          for (const q of view()) {
+            if (q.maxQueued !== null) this.set({ tenant: q.tenantId }, q.maxQueued);
+          }
+        },
+      });
+    },
     /** Exports `budget`'s bytes held and requests waiting; returns it. */
     /** `poimen_run_watchers`: waits and event streams held now (`watchers` is read at scrape time). */
     watchRunWatchers(watchers: () => number): void {

@@ -96,6 +96,13 @@ const PROBLEM_HEADERS: Record<number, Headers> = {
   401: {
     "WWW-Authenticate": { description: "The Bearer challenge", schema: z.string() },
   },
+  429: {
+    "Retry-After": {
+      description: "Whole seconds to wait before retrying: when the tenant's next admission " +
+        "is due (`rate-limited`), or the quota refresh interval (`queue-full`)",
+      schema: z.int().min(1),
+    },
+  },
   503: {
     "Retry-After": {
       description: "Seconds to wait before retrying",

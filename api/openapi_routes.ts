@@ -166,8 +166,12 @@ export const ROUTES: Route[] = [
         },
       },
     },
-    problems: [400, 401, 403, 408, 413, 415, 422, 503],
+    problems: [400, 401, 403, 408, 413, 415, 422, 429, 503],
     problemNotes: {
+      429: "A problem (RFC 9457): the tenant is over a quota (`deno task tenant`), nothing was " +
+        "admitted: `queue-full` when it has its `max_queued` queued runs, `rate-limited` past " +
+        "its admission rate; retry after `Retry-After` (a replay of a known dispatch key is " +
+        "refused alike)",
       503: "A problem (RFC 9457): `database-unavailable`; `busy` when too many bodies are in " +
         "progress (BODY_BUDGET_BYTES) or, with `Prefer: wait=N`, when this API process already " +
         "holds RUN_WATCHERS_MAX waits and event streams; retry after `Retry-After`",

@@ -31,7 +31,10 @@ export function problemResponse(c: Context, err: unknown, log: Logger): Response
     errors: pe.errors,
   };
   const headers: Record<string, string> = { "content-type": "application/problem+json" };
-  if (pe.code === "database-unavailable" || pe.code === "busy") {
+  // A 429 knows when to come back (admission/quota.ts); a 503 does not.
+  if (pe.retryAfterSeconds !== undefined) {
+    headers["retry-after"] = String(Math.max(1, Math.ceil(pe.retryAfterSeconds)));
+  } else if (pe.code === "database-unavailable" || pe.code === "busy") {
     headers["retry-after"] = String(RETRY_AFTER_SECONDS);
   }
   if (pe.code === "unauthorized") headers["www-authenticate"] = 'Bearer realm="poimen"';

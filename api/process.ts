@@ -13,6 +13,7 @@ import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
+import { QuotaGate } from "../admission/quota.ts";
 import { RunWatch } from "./run_watch.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { ApiEnv, readApiConfig } from "./config.ts";
@@ -69,6 +70,13 @@ export async function main(args: string[]): Promise<number> {
     onCall: (entry) => metrics.admissionCalls.inc({ entry }),
     onFlush: (size) => metrics.admissionBatch.observe(size),
   });
+  // Per-tenant quotas: a 429 before admission for a tenant over one.
+  const quota = new QuotaGate(sql, {
+    refreshMs: config.QUOTA_REFRESH_MS,
+    log,
+    onRefused: (tenant, reason) => metrics.quotaRefused(tenant, reason),
+  });
+  metrics.watchQuotas(() => quota.view());
   const auth = new Authenticator(
     sql,
     config.AUTH_CACHE_MS,
@@ -96,6 +104,7 @@ export async function main(args: string[]): Promise<number> {
     },
     watch,
     heartbeatMs: config.RUN_STREAM_HEARTBEAT_MS,
+    quota,
     consoleAssets: loadConsoleAssets(),
   });
 
@@ -104,6 +113,7 @@ export async function main(args: string[]): Promise<number> {
     // Closed last, once the requests in flight have finished (their admissions commit).
     { name: "pool", stop: () => sql.end({ timeout: 5 }) },
     named("workflow catalog", catalog),
+    named("tenant quotas", quota),
     {
       name: "http server",
       start() {

@@ -17,6 +17,7 @@ import { requestCancel } from "../db/cancellation.ts";
 import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
+import type { QuotaGate } from "../admission/quota.ts";
 import {
   HEADERS,
   IdempotencyKeyHeader,
@@ -50,6 +51,8 @@ export interface RunsDeps {
   watch?: RunWatch;
   /** An idle event stream's comment-line interval (RUN_STREAM_HEARTBEAT_MS). */
   heartbeatMs?: number;
+  /** Per-tenant quotas (admission/quota.ts); without it (tests that do not say), none. */
+  quota?: QuotaGate;
 }
 
 /** What a queued run waits for, for people and programs; null for any other run. */
@@ -275,13 +278,16 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
       const source = claimed === undefined
         ? `http:${principal.name}`
         : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
-      const result = await admission.admit(body, {
-        tenantId: principal.tenantId,
-        source,
-        entry: "http",
-        // The API's request span when tracing is on, else the caller's trace.
-        traceparent: activeTraceparent() ?? validTraceparent(c.req.header("traceparent")),
-      });
+      const admit = () =>
+        admission.admit(body, {
+          tenantId: principal.tenantId,
+          source,
+          entry: "http",
+          // The API's request span when tracing is on, else the caller's trace.
+          traceparent: activeTraceparent() ?? validTraceparent(c.req.header("traceparent")),
+        });
+      // Over a quota: a 429 before the run reaches the batcher, nothing written.
+      const result = deps.quota ? await deps.quota.admit(principal.tenantId, admit) : await admit();
       let run = toRun(result.run);
       const wait = deps.watch && preferredWait(c.req.header("prefer"));
       if (deps.watch && wait !== undefined) {

@@ -49,6 +49,18 @@ export const ERRORS = {
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
   busy: { status: 503, title: "Server busy", retryable: true },
+  /**
+   * The tenant has its max_queued queued runs (`deno task tenant`): nothing
+   * is admitted until workers take some (admission/quota.ts). Retryable:
+   * the relay retries such a message with backoff, never dead-letters it.
+   */
+  "queue-full": { status: 429, title: "The tenant's queue is full", retryable: true },
+  /** The tenant admits faster than its admission_rate (`deno task tenant`). Retryable. */
+  "rate-limited": {
+    status: 429,
+    title: "The tenant's admission rate is exceeded",
+    retryable: true,
+  },
   config: { status: 500, title: "Invalid configuration", retryable: false },
   /**
    * A worker's definition of a `name@version` differs from the one in the
@@ -112,11 +124,18 @@ export class PoimenError extends Error {
   readonly errors?: FieldError[];
   /** Extension members of the problem body (RFC 9457 §3.2), e.g. `run_status`. */
   readonly extensions?: Record<string, string>;
+  /** The answer's `Retry-After`, in whole seconds, when this error knows it (a 429). */
+  readonly retryAfterSeconds?: number;
 
   constructor(
     code: ErrorCode,
     message: string,
-    options: { cause?: unknown; errors?: FieldError[]; extensions?: Record<string, string> } = {},
+    options: {
+      cause?: unknown;
+      errors?: FieldError[];
+      extensions?: Record<string, string>;
+      retryAfterSeconds?: number;
+    } = {},
   ) {
     super(message, { cause: options.cause });
     this.name = "PoimenError";
@@ -125,6 +144,7 @@ export class PoimenError extends Error {
     this.retryable = ERRORS[code].retryable;
     this.errors = options.errors;
     this.extensions = options.extensions;
+    this.retryAfterSeconds = options.retryAfterSeconds;
   }
 }
 

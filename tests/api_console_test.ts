@@ -21,6 +21,7 @@ import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { RunWatch } from "../api/run_watch.ts";
 import { createPool } from "../db/pool.ts";
+import { setTenantQuota } from "../db/tenant_quotas.ts";
 
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
@@ -266,6 +267,31 @@ Deno.test("console: pages, fragments and run events", async (t) => {
         select count(*)::int as n from runs where tenant_id = 'acme'`;
       assert.equal(admittedThisHour, n);
     });
+
+    await t.step(
+      "the queue fragment shows a tenant's quota use, and nothing without one",
+      async () => {
+        const none = await get(w, "/console/fragments/queue", w.globex);
+        assert.ok(!none.text.includes('id="quota"'), "no quota, no quota cards");
+        const [{ n }] = await w.db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where tenant_id = 'acme' and status = 'queued'`;
+        await setTenantQuota(w.db.sql, "acme", { max_queued: n + 5, admission_rate: 2.5 });
+        const q = await get(w, "/console/fragments/queue", w.acme);
+        assert.equal(/id="quota-queued">([^<]*)</.exec(q.text)?.[1], `${n} / ${n + 5}`);
+        assert.equal(/id="quota-rate">([^<]*)</.exec(q.text)?.[1], "2.5/s");
+        assert.ok(!q.text.includes("(full:"), q.text);
+        await setTenantQuota(w.db.sql, "acme", { max_queued: n, admission_rate: null });
+        const full = await get(w, "/console/fragments/queue", w.acme);
+        assert.equal(/id="quota-queued">([^<]*)</.exec(full.text)?.[1], `${n} / ${n}`);
+        assert.equal(/id="quota-rate">([^<]*)</.exec(full.text)?.[1], "unlimited");
+        assert.ok(full.text.includes("full: admissions get 429 queue-full"), full.text);
+        // The other tenant still sees none: its own page, its own quota.
+        assert.ok(
+          !(await get(w, "/console/fragments/queue", w.globex)).text.includes('id="quota"'),
+        );
+        await setTenantQuota(w.db.sql, "acme", { max_queued: null });
+      },
+    );
 
     await t.step(
       "the queue fragment lists the versions waiting for a worker, per tenant",

@@ -238,3 +238,19 @@ Deno.test("openapi: Idempotency-Key is documented on admitting, beside the body'
   assert.match(key.description ?? "", /header\.Idempotency-Key/);
   assert.match(op.responses["200"].description, /dispatch key was seen/);
 });
+
+Deno.test("openapi: POST /v1/runs documents the quota 429s with an integer Retry-After", async () => {
+  const doc = await served();
+  const op = doc.paths["/v1/runs"].post as Operation;
+  const tooMany = op.responses["429"];
+  assert.ok(tooMany, "a 429 answer");
+  assert.match(tooMany.description, /`queue-full`/);
+  assert.match(tooMany.description, /`rate-limited`/);
+  assert.deepEqual(Object.keys(tooMany.content), ["application/problem+json"]);
+  const retryAfter = tooMany.headers?.["Retry-After"];
+  assert.ok(retryAfter, "429 with Retry-After");
+  const schema = retryAfter.schema as { type?: string; minimum?: number };
+  assert.equal(schema.type, "integer");
+  assert.equal(schema.minimum, 1);
+  assert.equal((doc.paths["/v1/runs"].get as Operation).responses["429"], undefined);
+});

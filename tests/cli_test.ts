@@ -19,6 +19,7 @@ const COMMANDS = [
   "migrate",
   "init",
   "token",
+  "tenant",
   "topics",
   "dispatch",
   "dlq",
@@ -27,6 +28,7 @@ const COMMANDS = [
 /** Arguments that would be valid for each command, so only the flag under test is wrong. */
 const VALID_ARGS: Record<string, string[]> = {
   token: ["acme"],
+  tenant: ["acme"],
   topics: ["acme"],
   dispatch: ["acme", "{}"],
   dlq: ["acme"],
@@ -122,11 +124,58 @@ Deno.test("cli: token's usage mistakes name the bad value in one line, exit 2", 
 });
 
 Deno.test("cli: a bad tenant id is a usage mistake: one line, exit 2", async () => {
-  for (const command of ["token", "topics", "dispatch", "dlq"]) {
+  for (const command of ["token", "tenant", "topics", "dispatch", "dlq"]) {
     const args = command === "dispatch" ? ["Not A Tenant", "{}"] : ["Not A Tenant"];
     const out = await run(command, args);
     assert.equal(out.code, 2, `${command}: ${out.stdout}`);
     assert.match(oneLine(out.stderr), new RegExp(`^${command}: bad tenant id "Not A Tenant"`));
+  }
+});
+
+Deno.test("cli: tenant's usage mistakes name the bad value in one line, exit 2", async () => {
+  const cases: [string[], RegExp][] = [
+    [["acme", "--max-queued=-1"], /^tenant: bad --max-queued "-1": a whole number from 0/],
+    [["acme", "--max-queued", "ten"], /^tenant: bad --max-queued "ten"/],
+    [["acme", "--max-queued", "1.5"], /^tenant: bad --max-queued "1.5"/],
+    [["acme", "--max-queued", "99999999999"], /^tenant: bad --max-queued "99999999999"/],
+    [["acme", "--rate", "0"], /^tenant: bad --rate "0": runs per second above 0/],
+    [["acme", "--rate=-2"], /^tenant: bad --rate "-2"/],
+    [["acme", "--rate", "fast"], /^tenant: bad --rate "fast"/],
+    [["acme", "--max-queued"], /^tenant: option '--max-queued <value>' argument missing/],
+    [["acme", "--burst", "3"], /^tenant: unknown option '--burst'/],
+    [[], /^usage: tenant <tenant>/],
+  ];
+  for (const [args, message] of cases) {
+    const out = await run("tenant", args);
+    assert.equal(out.code, 2, `${args.join(" ")}: ${out.stdout}`);
+    assert.equal(out.stdout, "");
+    assert.match(oneLine(out.stderr), message);
+  }
+});
+
+Deno.test("cli: tenant prints and sets a tenant's quotas, one line each; an unknown tenant is exit 1", async () => {
+  const db = await freshDatabase();
+  try {
+    const env = { DATABASE_URL: db.url };
+    const unknown = await run("tenant", ["acme"], env);
+    assert.equal(unknown.code, 1);
+    assert.equal(oneLine(unknown.stderr), 'tenant: no tenant "acme"');
+    const set = await run("tenant", ["acme", "--max-queued", "100", "--rate", "2.5"], env);
+    assert.equal(set.code, 0, set.stderr);
+    assert.equal(set.stderr, "");
+    assert.equal(
+      set.stdout,
+      "acme: max-queued 100, rate 2.5/s (set; the APIs apply it within QUOTA_REFRESH_MS)\n",
+    );
+    const rate = await run("tenant", ["--rate", "none", "acme"], env);
+    assert.match(rate.stdout, /^acme: max-queued 100, rate unlimited \(set;/);
+    const shown = await run("tenant", ["acme"], env);
+    assert.equal(shown.stdout, "acme: max-queued 100, rate unlimited\n");
+    const [row] = await db
+      .sql`select max_queued, admission_rate from tenants where tenant_id = 'acme'`;
+    assert.deepEqual({ ...row }, { max_queued: 100, admission_rate: null });
+  } finally {
+    await db.drop();
   }
 });
 

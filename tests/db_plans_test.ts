@@ -39,6 +39,7 @@ import {
   selectTenantWaitingVersions,
 } from "../db/queue_overview.ts";
 import { selectRunEvents } from "../db/runs.ts";
+import { countQueuedRuns } from "../db/tenant_quotas.ts";
 import { uuidv7Floor } from "../core/uuid.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
@@ -185,6 +186,11 @@ function hotStatements(s: Sample): HotStatement[] {
     {
       name: "console: selectTenantWaitingVersions",
       call: (sql) => selectTenantWaitingVersions(sql, s.tenant),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
+    },
+    {
+      name: "quota: countQueuedRuns (the API's gate, capped at max_queued)",
+      call: (sql) => countQueuedRuns(sql, s.tenant, 1000),
       indexes: { runs: ["runs_queued_workflow_idx"] },
     },
     {

@@ -51,13 +51,14 @@ async function finish(task: string, args: string[], env: Record<string, string>)
   return t.output;
 }
 
-Deno.test("tasks: token, topics, dispatch and dlq finish in a terminal without a permission prompt", async () => {
+Deno.test("tasks: token, tenant, topics, dispatch and dlq finish in a terminal without a permission prompt", async () => {
   const db = await freshDatabase();
   const tenant = `pty-${crypto.randomUUID().slice(0, 8)}`;
   const env = { DATABASE_URL: db.url, KAFKA_BROKERS: BROKER };
   try {
     const token = await finish("token", [tenant], env);
     assert.match(token, /[A-Za-z0-9_-]{20,}/);
+    assert.match(await finish("tenant", [tenant, "--max-queued", "5"], env), /max-queued 5/);
     await finish("topics", [tenant], env);
     const sent = await finish("dispatch", [
       tenant,

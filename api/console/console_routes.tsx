@@ -21,6 +21,7 @@ import {
   selectTenantQueue,
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
+import { selectTenantQuota } from "../../db/tenant_quotas.ts";
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
 import type { Logger } from "../../core/log.ts";
@@ -188,10 +189,11 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     const since = new Date(now.getTime() - 60 * 60_000);
     // A minute of slack below the id bound: ids come from the API's clock,
     // created_at from the database's.
-    const [queue, waiting, perMinute] = await Promise.all([
+    const [queue, waiting, perMinute, quota] = await Promise.all([
       selectTenantQueue(sql, tenant),
       selectTenantWaitingVersions(sql, tenant),
       selectAdmissionsPerMinute(sql, tenant, since, uuidv7Floor(since.getTime() - 60_000)),
+      selectTenantQuota(sql, tenant),
     ]);
     return c.html(
       <QueueFragment
@@ -200,6 +202,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         waiting={waiting}
         perMinute={perMinute}
         now={now}
+        quota={quota}
       />,
     );
   });

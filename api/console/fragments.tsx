@@ -13,6 +13,8 @@ import {
   type WaitingVersion,
 } from "../../db/queue_overview.ts";
 import { BarChart } from "./chart.tsx";
+import type { TenantQuota } from "../../db/tenant_quotas.ts";
+import { QuotaUse } from "./quota_use.tsx";
 
 /** The run statuses a filter offers. */
 export const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"] as const;
@@ -293,9 +295,11 @@ function WaitingVersions({ waiting }: { waiting: WaitingVersion[] }) {
  * The queue at a glance: counts, the oldest due run's wait, the versions
  * waiting for a worker, admissions per minute.
  */
-export function QueueFragment({ tenant, queue, waiting, perMinute, now }: {
+export function QueueFragment({ tenant, queue, waiting, perMinute, now, quota }: {
   tenant: string;
   queue: TenantQueue;
+  /** The tenant's quotas (`deno task tenant`); none shown when it has none. */
+  quota?: TenantQuota;
   /** Versions its queued runs wait on that no live worker hosts. */
   waiting: WaitingVersion[];
   /** Admissions per minute over the last hour (minutes without any absent). */
@@ -333,6 +337,7 @@ export function QueueFragment({ tenant, queue, waiting, perMinute, now }: {
           <div class="label">admitted in the last hour</div>
         </div>
       </div>
+      <QuotaUse quota={quota} queued={queue.queued} />
       <h2>Waiting for a worker</h2>
       <WaitingVersions waiting={waiting} />
       <h2>Runs admitted per minute, last hour</h2>
