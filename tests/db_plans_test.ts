@@ -21,7 +21,7 @@ import type { Sql } from "../db/pool.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../db/admission.ts";
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attempt_end.ts";
 import { requestCancel } from "../db/cancellation.ts";
-import { claimRuns } from "../db/claims.ts";
+import { claimLimitedRuns, claimRuns } from "../db/claims.ts";
 import { heartbeat, reclaimExpired } from "../db/leases.ts";
 import { queueCounts } from "../db/queue_stats.ts";
 import { selectUnhostedQueues } from "../db/catalog.ts";
@@ -38,13 +38,15 @@ import {
   selectTenantQueue,
   selectTenantWaitingVersions,
 } from "../db/queue_overview.ts";
-import { selectRunEvents } from "../db/runs.ts";
+import { selectRun, selectRunEvents } from "../db/runs.ts";
 import { countQueuedRuns } from "../db/tenant_quotas.ts";
 import { uuidv7Floor } from "../core/uuid.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 
 const TENANTS = 20;
+/** The bulk data's limited workflow (one run in ten), as a worker hosting it claims. */
+const LIMITED_HOSTED = { names: ["keyed"], versions: [1] };
 
 interface Captured {
   text: string;
@@ -52,13 +54,17 @@ interface Captured {
   types: number[];
 }
 
-/** A statement and where its scans of `runs` and `work_events` must go. */
+/** The tables whose scans are checked: a statement not naming one must not read it. */
+const RELATIONS = ["runs", "work_events", "concurrency_slots"] as const;
+type Relation = typeof RELATIONS[number];
+
+/** A statement and where its scans of `runs`, `work_events` and `concurrency_slots` must go. */
 interface HotStatement {
   name: string;
   /** Issues the statement through `sql` (inside a transaction that is rolled back). */
   call: (sql: Sql) => Promise<unknown>;
   /** Per relation: every scan of it must use one of these indexes, and each is used. */
-  indexes: Partial<Record<"runs" | "work_events", string[]>>;
+  indexes: Partial<Record<Relation, string[]>>;
   /**
    * The plans it is executed with; both unless said. A statement sent
    * unprepared (`prepare: false`) is planned afresh each call: custom only.
@@ -98,6 +104,13 @@ function hotStatements(s: Sample): HotStatement[] {
     ...Array.from({ length: 4 }, (_, i) => newRun(i, `key-${i * TENANTS}`)),
     ...Array.from({ length: 4 }, (_, i) => newRun(i, null)),
   ];
+  const limitedBatch = batch.map((r, i) => ({
+    ...r,
+    workflow_ref: "keyed",
+    workflow_name: "keyed",
+    concurrency_key: `k${i % 5}`,
+    concurrency_limit: 1,
+  }));
   const lease = 30_000;
   return [
     {
@@ -114,6 +127,24 @@ function hotStatements(s: Sample): HotStatement[] {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
       indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "queue: claimLimitedRuns",
+      call: (sql) => claimLimitedRuns(sql, "plan-test", 16, lease, LIMITED_HOSTED),
+      indexes: {
+        runs: ["runs_queued_key_idx"],
+        concurrency_slots: ["concurrency_slots_ready_idx"],
+      },
+    },
+    {
+      name: "admission: insertRuns, limited runs",
+      call: (sql) => insertRuns(sql, limitedBatch),
+      indexes: { runs: ["runs_dispatch_key_uq"] },
+    },
+    {
+      name: "api: selectRun, with what it waits for",
+      call: (sql) => selectRun(sql, s.tenant, s.runningRun, { waiting: true }),
+      indexes: { runs: ["runs_pkey"], concurrency_slots: ["concurrency_slots_pkey"] },
     },
     {
       name: "queue: heartbeat",
@@ -406,7 +437,7 @@ async function checkPlans(
               );
             }
           }
-          for (const rel of ["runs", "work_events"]) {
+          for (const rel of RELATIONS) {
             if (!(rel in hot.indexes) && use.has(rel)) {
               failures.push(
                 `${stage}, ${mode}: ${hot.name} reads ${rel} unexpectedly via ` +
@@ -433,9 +464,11 @@ async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
   await sql`
     insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
                       goal_id, dispatch_key, source, status, attempts, max_attempts, run_after,
-                      lease_owner, lease_expires_at, started_at, finished_at, event_seq)
+                      lease_owner, lease_expires_at, started_at, finished_at, event_seq,
+                      concurrency_key)
     select 't' || lpad((case when g % 3 = 0 then 0 else g % ${TENANTS} end)::text, 2, '0'),
-           gen_random_uuid(), 'echo', 'echo', 1, jsonb_build_object('n', g),
+           gen_random_uuid(), case when g % 10 = 5 then 'keyed' else 'echo' end,
+           case when g % 10 = 5 then 'keyed' else 'echo' end, 1, jsonb_build_object('n', g),
            case when g % 7 = 0 then 'goal-' || (g % 100) end,
            case when g % 3 <> 1 then 'key-' || g end,
            'plan-test', st, case when st = 'queued' then 0 else 1 end, 3,
@@ -444,7 +477,8 @@ async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
            case when st = 'running' then now() + (g % 3 - 1) * interval '1 minute' end,
            case when st <> 'queued' then now() - interval '1 hour' end,
            case when st in ('succeeded', 'failed') then now() - interval '30 minutes' end,
-           case when st = 'queued' then 1 else 2 end
+           case when st = 'queued' then 1 else 2 end,
+           case when g % 10 = 5 then 'k' || (g % 997) end
       from generate_series(${from}::int, ${to}::int) g,
            lateral (select (array['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
                                   'succeeded', 'failed', 'queued', 'queued', 'running'])
@@ -460,6 +494,18 @@ async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
      where r.source = 'plan-test'
        and not exists (select 1 from work_events w
                         where w.tenant_id = r.tenant_id and w.run_id = r.run_id)`;
+}
+
+/** The concurrency groups' counts as the bulk runs make them, limit 2 (some full, some not). */
+async function countSlots(sql: Sql): Promise<void> {
+  await sql`
+    insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
+                                   running, queued)
+    select tenant_id, workflow_name, concurrency_key, 2,
+           count(*) filter (where status = 'running'), count(*) filter (where status = 'queued')
+      from runs where concurrency_key is not null group by 1, 2, 3
+    on conflict (tenant_id, workflow_name, concurrency_key) do update
+       set running = excluded.running, queued = excluded.queued`;
 }
 
 async function sample(sql: Sql): Promise<Sample> {
@@ -490,6 +536,7 @@ Deno.test("plans: admission, claim and outbox statements use their intended inde
     // prepared statement keeps the generic plan it got there.
     for (const size of [0, 100, 300, 500, 700, 1_000, 5_000, 50_000]) {
       if (size > rows) await addRuns(db.sql, rows + 1, size);
+      await countSlots(db.sql);
       rows = size;
       const stage = `${size.toLocaleString("en")} runs, never analyzed`;
       failures.push(...await checkPlans(db, stage, await sample(db.sql), size));
@@ -501,6 +548,7 @@ Deno.test("plans: admission, claim and outbox statements use their intended inde
     assert.deepEqual(stats, { reltuples: -1, analyzed: 0 }, "runs must never have been analyzed");
     await db.sql`analyze runs`;
     await db.sql`analyze work_events`;
+    await db.sql`analyze concurrency_slots`;
     failures.push(
       ...await checkPlans(db, "50,000 runs, analyzed", await sample(db.sql), rows),
     );
