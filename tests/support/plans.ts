@@ -1,0 +1,437 @@
+/**
+ * What the plan tests share (tests/db_plans_test.ts: every hot statement keeps
+ * its index; tests/db_tenant_scope_test.ts: every statement on runs and
+ * work_events names its tenant): the statements as the code issues them,
+ * captured through the pool's debug hook, explained as prepared, on bulk
+ * rows in the shape production has.
+ */
+import { BUILTIN_HOSTED } from "./catalog.ts";
+import postgres from "postgres";
+import type { Sql } from "../../db/pool.ts";
+import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../../db/admission.ts";
+import { completeRun, completeRuns, failAttempt, releaseRun } from "../../db/attempt_end.ts";
+import { requestCancel } from "../../db/cancellation.ts";
+import { claimLimitedRuns, claimRuns } from "../../db/claims.ts";
+import { heartbeat, reclaimExpired } from "../../db/leases.ts";
+import { queueCounts } from "../../db/queue_stats.ts";
+import { selectUnhostedQueues } from "../../db/catalog.ts";
+import {
+  claimPendingEvents,
+  markPublished,
+  outboxStats,
+  parkEvents,
+  purgePublished,
+} from "../../db/outbox.ts";
+import {
+  COUNT_CAP,
+  selectAdmissionsPerMinute,
+  selectTenantQueue,
+  selectTenantWaitingVersions,
+} from "../../db/queue_overview.ts";
+import { selectRun, selectRunEvents } from "../../db/runs.ts";
+import { countQueuedRuns } from "../../db/tenant_quotas.ts";
+import { uuidv7Floor } from "../../core/uuid.ts";
+import { purgeFinishedRuns } from "../../db/retention.ts";
+
+export const TENANTS = 20;
+/** The bulk data's limited workflow (one run in ten), as a worker hosting it claims. */
+export const LIMITED_HOSTED = { names: ["keyed"], versions: [1] };
+
+export interface Captured {
+  text: string;
+  parameters: unknown[];
+  types: number[];
+}
+
+/** The tables whose scans are checked: a statement not naming one must not read it. */
+export const RELATIONS = ["runs", "work_events", "concurrency_slots"] as const;
+export type Relation = typeof RELATIONS[number];
+
+/** A statement and where its scans of `runs`, `work_events` and `concurrency_slots` must go. */
+export interface HotStatement {
+  name: string;
+  /** Issues the statement through `sql` (inside a transaction that is rolled back). */
+  call: (sql: Sql) => Promise<unknown>;
+  /** Per relation: every scan of it must use one of these indexes, and each is used. */
+  indexes: Partial<Record<Relation, string[]>>;
+  /**
+   * The plans it is executed with; both unless said. A statement sent
+   * unprepared (`prepare: false`) is planned afresh each call: custom only.
+   */
+  modes?: PlanMode[];
+  /** Checked from this many runs up (a sequential scan of a few pages is right). */
+  fromRuns?: number;
+}
+
+/** Ids of rows the statements are called with, so custom plans see real values. */
+export interface Sample {
+  tenant: string;
+  runningRun: string;
+  owner: string;
+  attempt: number;
+  pendingEventId: string;
+}
+
+export function hotStatements(s: Sample): HotStatement[] {
+  const newRun = (i: number, dispatchKey: string | null): NewRun => ({
+    tenant_id: s.tenant,
+    run_id: crypto.randomUUID(),
+    workflow_ref: "echo",
+    workflow_name: "echo",
+    workflow_version: 1,
+    input: { i },
+    goal_id: null,
+    dispatch_key: dispatchKey,
+    source: "plan-test",
+    max_attempts: 3,
+    // Every other new run scheduled an hour ahead: the bind must not change the plan.
+    run_after: i % 2 ? new Date(Date.now() + 3600_000).toISOString() : null,
+  });
+  // New keys, keys the bulk data already holds (replays) and keyless runs.
+  const batch = [
+    ...Array.from({ length: 8 }, (_, i) => newRun(i, `fresh-${crypto.randomUUID()}`)),
+    ...Array.from({ length: 4 }, (_, i) => newRun(i, `key-${i * TENANTS}`)),
+    ...Array.from({ length: 4 }, (_, i) => newRun(i, null)),
+  ];
+  const limitedBatch = batch.map((r, i) => ({
+    ...r,
+    workflow_ref: "keyed",
+    workflow_name: "keyed",
+    concurrency_key: `k${i % 5}`,
+    concurrency_limit: 1,
+  }));
+  const lease = 30_000;
+  return [
+    {
+      name: "admission: insertRuns",
+      call: (sql) => insertRuns(sql, batch),
+      indexes: { runs: ["runs_dispatch_key_uq"] },
+    },
+    {
+      name: "admission: selectRunsByDispatchKey",
+      call: (sql) => selectRunsByDispatchKey(sql, batch.filter((r) => r.dispatch_key)),
+      indexes: { runs: ["runs_dispatch_key_uq"] },
+    },
+    {
+      name: "queue: claimRuns",
+      call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "queue: claimLimitedRuns",
+      call: (sql) => claimLimitedRuns(sql, "plan-test", 16, lease, LIMITED_HOSTED),
+      indexes: {
+        runs: ["runs_queued_key_idx"],
+        concurrency_slots: ["concurrency_slots_ready_idx"],
+      },
+    },
+    {
+      name: "admission: insertRuns, limited runs",
+      call: (sql) => insertRuns(sql, limitedBatch),
+      indexes: { runs: ["runs_dispatch_key_uq"] },
+    },
+    {
+      name: "api: selectRun, with what it waits for",
+      call: (sql) => selectRun(sql, s.tenant, s.runningRun, { waiting: true }),
+      indexes: { runs: ["runs_pkey"], concurrency_slots: ["concurrency_slots_pkey"] },
+    },
+    {
+      name: "queue: heartbeat",
+      call: (sql) => heartbeat(sql, s.tenant, s.runningRun, s.owner, s.attempt, lease),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: completeRun",
+      call: (sql) => completeRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, { ok: true }),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: completeRuns, a batch (one run of it still running)",
+      call: (sql) =>
+        completeRuns(sql, s.owner, [
+          { tenant_id: s.tenant, run_id: s.runningRun, attempt: s.attempt, result_json: "[1]" },
+          ...Array.from({ length: 15 }, () => ({
+            tenant_id: s.tenant,
+            run_id: crypto.randomUUID(),
+            attempt: 1,
+            result_json: "null",
+          })),
+        ]),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: failAttempt",
+      call: (sql) =>
+        failAttempt(
+          sql,
+          s.tenant,
+          s.runningRun,
+          s.owner,
+          s.attempt,
+          { message: "plan test" },
+          1000,
+        ),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: releaseRun",
+      call: (sql) => releaseRun(sql, s.tenant, s.runningRun, s.owner, s.attempt, "plan test"),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: requestCancel",
+      call: (sql) => requestCancel(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: reclaimExpired",
+      call: (sql) => reclaimExpired(sql, 100),
+      indexes: { runs: ["runs_running_lease_idx"] },
+    },
+    {
+      name: "queue: queueCounts",
+      call: (sql) => queueCounts(sql),
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "queue: selectUnhostedQueues",
+      call: (sql) => selectUnhostedQueues(sql, COUNT_CAP),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
+    },
+    {
+      name: "console: selectTenantQueue",
+      call: (sql) => selectTenantQueue(sql, s.tenant),
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+    },
+    {
+      name: "console: selectTenantWaitingVersions",
+      call: (sql) => selectTenantWaitingVersions(sql, s.tenant),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
+    },
+    {
+      name: "quota: countQueuedRuns (the API's gate, capped at max_queued)",
+      call: (sql) => countQueuedRuns(sql, s.tenant, 1000),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
+    },
+    {
+      name: "console: selectAdmissionsPerMinute",
+      call: (sql) => {
+        const since = new Date(Date.now() - 60 * 60_000);
+        return selectAdmissionsPerMinute(sql, s.tenant, since, uuidv7Floor(since.getTime()));
+      },
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "console: selectRunEvents",
+      call: (sql) => selectRunEvents(sql, s.tenant, s.runningRun, 1000),
+      indexes: { work_events: ["work_events_pkey"] },
+    },
+    {
+      name: "outbox: claimPendingEvents",
+      call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500, 16 << 20),
+      // runs by primary key: each event's run's traceparent.
+      indexes: {
+        work_events: ["work_events_pending_idx", "work_events_pkey"],
+        runs: ["runs_pkey"],
+      },
+    },
+    {
+      name: "outbox: markPublished",
+      call: (sql) =>
+        markPublished(sql as unknown as postgres.TransactionSql, [
+          { tenant_id: s.tenant, event_id: s.pendingEventId },
+        ]),
+      indexes: { work_events: ["work_events_pending_idx"] },
+    },
+    {
+      name: "outbox: parkEvents",
+      call: (sql) =>
+        parkEvents(sql as unknown as postgres.TransactionSql, [
+          { tenant_id: s.tenant, event_id: s.pendingEventId, reason: "plan test" },
+        ]),
+      indexes: { work_events: ["work_events_pending_idx"] },
+    },
+    {
+      name: "outbox: outboxStats",
+      call: (sql) => outboxStats(sql),
+      indexes: { work_events: ["work_events_pending_idx", "work_events_parked_idx"] },
+    },
+    {
+      // Not a hot path, but it must stay one short range however large the
+      // table: candidates from the finished index, deletes by ctid. Sent
+      // unprepared: planned for the table as it is at each call.
+      name: "retention: purgeFinishedRuns",
+      call: (sql) => purgeFinishedRuns(sql, 10 * 60_000, 500),
+      modes: ["force_custom_plan"],
+      fromRuns: 5_000,
+      indexes: {
+        runs: ["runs_finished_idx", "Tid Scan"],
+        work_events: ["work_events_pkey", "Tid Scan"],
+      },
+    },
+    {
+      name: "outbox: purgePublished",
+      call: (sql) => purgePublished(sql, 24 * 3600_000, 500),
+      indexes: { work_events: ["work_events_published_idx"] },
+    },
+  ];
+}
+
+/**
+ * Records every statement a pool sends (the postgres.js debug hook sees the
+ * final text and the serialized parameters), so the test explains exactly
+ * what the code issues.
+ */
+export function capturingPool(url: string) {
+  let log: Captured[] = [];
+  const sql = postgres(url, {
+    max: 1,
+    onnotice: () => {},
+    debug: (_conn, text, parameters, types) => {
+      log.push({ text, parameters: parameters as unknown[], types: types as number[] });
+    },
+  });
+  return {
+    sql,
+    /** The statements `call` issues, run in a transaction that is rolled back. */
+    async capture(call: (sql: Sql) => Promise<unknown>): Promise<Captured[]> {
+      // The driver's own first query (it reads the array types) is not ours.
+      await sql`select 1`;
+      const rollback = new Error("rollback");
+      log = [];
+      await sql.begin(async (tx) => {
+        await call(tx as unknown as Sql);
+        throw rollback;
+      }).catch((err) => {
+        if (err !== rollback) throw err;
+      });
+      return log.filter((c) => !/^\s*(begin|rollback|commit)\b/i.test(c.text));
+    },
+  };
+}
+
+export type PlanMode = "force_generic_plan" | "force_custom_plan";
+
+export interface PlanNode {
+  "Node Type": string;
+  "Relation Name"?: string;
+  "Index Name"?: string;
+  Plans?: PlanNode[];
+}
+
+/**
+ * Prepares `stmt` as the driver would (parameter types it left open are
+ * inferred by the server), then explains its execution in `mode`.
+ */
+export async function explain(sql: Sql, stmt: Captured, mode: PlanMode): Promise<PlanNode> {
+  const conn = await sql.reserve();
+  try {
+    await conn.unsafe(`set plan_cache_mode = ${mode}`);
+    const declared = stmt.types.map((t) => t ? `${t}::regtype` : "'unknown'::regtype");
+    const [{ types }] = await conn.unsafe<{ types: string }[]>(
+      `select array_to_string(array[${
+        declared.join(", ") || "null::regtype"
+      }]::regtype[], ',') as types`,
+    );
+    await conn.unsafe(
+      `prepare plan_check${stmt.types.length ? `(${types})` : ""} as ${stmt.text}`,
+    );
+    try {
+      const [{ inferred }] = await conn.unsafe<{ inferred: string[] }[]>(
+        `select parameter_types::text[] as inferred from pg_prepared_statements
+          where name = 'plan_check'`,
+      );
+      const args = stmt.parameters.map((v, i) =>
+        v === null || v === undefined
+          ? `null::${inferred[i]}`
+          : `'${String(v).replaceAll("'", "''")}'::${inferred[i]}`
+      );
+      const [row] = await conn.unsafe(
+        `explain (format json) execute plan_check${args.length ? `(${args.join(", ")})` : ""}`,
+      );
+      return (row["QUERY PLAN"] as { Plan: PlanNode }[])[0].Plan;
+    } finally {
+      await conn.unsafe(`deallocate plan_check`);
+      await conn.unsafe(`reset plan_cache_mode`);
+    }
+  } finally {
+    conn.release();
+  }
+}
+
+/** Every node of the plan that reads a table or an index. */
+export function scans(node: PlanNode, out: PlanNode[] = []): PlanNode[] {
+  if (node["Relation Name"] !== undefined || node["Index Name"] !== undefined) out.push(node);
+  for (const child of node.Plans ?? []) scans(child, out);
+  return out;
+}
+
+/**
+ * Bulk rows in the shape production has: many tenants (one much larger),
+ * mostly finished runs, some queued, due or not, some running (a few with
+ * expired leases); two thirds carry a dispatch key (`key-<n>`); ~2 events per
+ * run, mostly published (a few long ago), the rest pending.
+ */
+export async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
+  await sql`
+    insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
+                      goal_id, dispatch_key, source, status, attempts, max_attempts, run_after,
+                      lease_owner, lease_expires_at, started_at, finished_at, event_seq,
+                      concurrency_key)
+    select 't' || lpad((case when g % 3 = 0 then 0 else g % ${TENANTS} end)::text, 2, '0'),
+           gen_random_uuid(), case when g % 10 = 5 then 'keyed' else 'echo' end,
+           case when g % 10 = 5 then 'keyed' else 'echo' end, 1, jsonb_build_object('n', g),
+           case when g % 7 = 0 then 'goal-' || (g % 100) end,
+           case when g % 3 <> 1 then 'key-' || g end,
+           'plan-test', st, case when st = 'queued' then 0 else 1 end, 3,
+           now() - interval '1 hour' + (g % 10) * interval '15 minutes',
+           case when st = 'running' then 'worker-' || (g % 4) end,
+           case when st = 'running' then now() + (g % 3 - 1) * interval '1 minute' end,
+           case when st <> 'queued' then now() - interval '1 hour' end,
+           case when st in ('succeeded', 'failed') then now() - interval '30 minutes' end,
+           case when st = 'queued' then 1 else 2 end,
+           case when g % 10 = 5 then 'k' || (g % 997) end
+      from generate_series(${from}::int, ${to}::int) g,
+           lateral (select (array['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
+                                  'succeeded', 'failed', 'queued', 'queued', 'running'])
+                           [1 + (g * 7) % 10] as st) s`;
+  await sql`
+    insert into work_events (tenant_id, run_id, seq, type, payload, at, published_at)
+    select r.tenant_id, r.run_id, e.seq, 'run.x', '{}', now() - interval '2 days',
+           case when (hashtext(r.run_id::text) & 15) = 0 then null
+                when (hashtext(r.run_id::text) & 3) = 1 then now() - interval '2 days'
+                else now() - interval '1 minute' end
+      from runs r
+     cross join lateral generate_series(1, r.event_seq) e(seq)
+     where r.source = 'plan-test'
+       and not exists (select 1 from work_events w
+                        where w.tenant_id = r.tenant_id and w.run_id = r.run_id)`;
+}
+
+/** The concurrency groups' counts as the bulk runs make them, limit 2 (some full, some not). */
+export async function countSlots(sql: Sql): Promise<void> {
+  await sql`
+    insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
+                                   running, queued)
+    select tenant_id, workflow_name, concurrency_key, 2,
+           count(*) filter (where status = 'running'), count(*) filter (where status = 'queued')
+      from runs where concurrency_key is not null group by 1, 2, 3
+    on conflict (tenant_id, workflow_name, concurrency_key) do update
+       set running = excluded.running, queued = excluded.queued`;
+}
+
+export async function sample(sql: Sql): Promise<Sample> {
+  const [run] = await sql<
+    { tenant_id: string; run_id: string; lease_owner: string; attempts: number }[]
+  >`select tenant_id, run_id, lease_owner, attempts from runs where status = 'running' limit 1`;
+  const [event] = await sql<{ event_id: string }[]>`
+    select event_id from work_events
+     where published_at is null and tenant_id = ${run?.tenant_id ?? "t00"} limit 1`;
+  return {
+    tenant: run?.tenant_id ?? "t00",
+    runningRun: run?.run_id ?? crypto.randomUUID(),
+    owner: run?.lease_owner ?? "worker-0",
+    attempt: run?.attempts ?? 1,
+    pendingEventId: event?.event_id ?? "1",
+  };
+}
