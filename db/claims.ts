@@ -51,7 +51,7 @@ export interface HostedVersions {
  * LOCKED`); a tenant with fewer due runs than its share leaves those slots
  * empty until the next claim. One tenant alone gets every slot. The cost is
  * one index probe per tenant with queued runs and hosted version, one per
- * run in flight and one per claimed run. Runs of versions this worker does
+ * run in flight of the tenants in line and one per claimed run. Runs of versions this worker does
  * not host are never read: they wait, with no attempt spent, for a worker
  * that hosts them.
  *
@@ -74,24 +74,18 @@ export async function claimRuns(
       select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
     ),
     ${sql.unsafe(QUEUED_TENANTS)},
-    -- Runs in flight per tenant: the running partial index, as long as the
-    -- fleet's concurrency plus the entries of runs that left it since the
-    -- last vacuum (a bitmap scan reads those again every time). Materialized,
-    -- so it is read at most once, and only when it is needed: when more than
-    -- one tenant has due runs (one tenant alone gets every slot).
-    in_flight as materialized (
-      select tenant_id collate "C" as tenant_id, count(*) as running
-        from runs
-       where status = 'running' and lease_expires_at is not null
-       group by 1
-    ),
     -- First in line: the tenants with the fewest runs in flight, then the
-    -- longest waiting. No more of them than there are slots.
+    -- longest waiting. No more of them than there are slots. A tenant's runs
+    -- in flight are one range of the running index (migration 011), as long
+    -- as its running runs plus the entries of runs that left since the last
+    -- vacuum; counted only when more than one tenant has due runs (one
+    -- tenant alone gets every slot).
     served as (
       select h.tenant_id, h.run_after,
              case when (select count(*) from heads) > 1
-                  then coalesce((select f.running from in_flight f
-                                  where f.tenant_id = h.tenant_id), 0)
+                  then (select count(*) from runs f
+                         where f.tenant_id collate "C" = h.tenant_id and f.status = 'running'
+                           and f.lease_expires_at is not null)
                   else 0 end as running
         from heads h
        order by 3, 2, 1

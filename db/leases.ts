@@ -34,17 +34,41 @@ export interface ReclaimedRun {
  * when the expired attempt was the last one; or `cancelled` with a
  * `run.cancelled` event when a cancel was requested meanwhile. The attempt
  * counts: a run that kills its worker every time must not be retried forever.
+ * Tenant by tenant: the tenants with running runs (a loose scan), then each
+ * one's expired leases, oldest first, one index range each.
  */
 export async function reclaimExpired(sql: Sql, limit: number): Promise<ReclaimedRun[]> {
   // Updated through an always-conflicting upsert, as in `claimRuns`: each
   // row is found by the primary key's probe, never by a planned join.
   return await sql<ReclaimedRun[]>`
-    with expired as (
-      select * from runs
-       where status = 'running' and lease_expires_at < now()
-       order by lease_expires_at
+    with recursive
+    -- The tenants with running runs: a loose scan of runs_running_tenant_idx's
+    -- leading column, one probe per tenant.
+    running_tenants (tenant_id) as (
+      (select tenant_id collate "C" from runs
+        where status = 'running' and lease_expires_at is not null
+        order by tenant_id collate "C" limit 1)
+      union all
+      select (select r.tenant_id collate "C" from runs r
+               where r.status = 'running' and r.lease_expires_at is not null
+                 and r.tenant_id collate "C" > t.tenant_id
+               order by r.tenant_id collate "C" limit 1)
+        from running_tenants t
+       where t.tenant_id is not null
+    ),
+    -- Each tenant's expired leases, oldest first: one range each.
+    expired as (
+      select e.*
+        from running_tenants t
+       cross join lateral (
+             select * from runs r
+              where r.tenant_id collate "C" = t.tenant_id and r.status = 'running'
+                and r.lease_expires_at is not null and r.lease_expires_at < now()
+              order by r.lease_expires_at
+              limit ${limit}
+                for update skip locked) e
+       where t.tenant_id is not null
        limit ${limit}
-       for update skip locked
     ),
     upd as (
       insert into runs select * from expired

@@ -114,18 +114,31 @@ export async function claimPendingEvents(
      order by h.tenant_id, h.run_id, h.seq`;
 }
 
+/**
+ * The batch's ids and tenants again, as arrays the pending index's scan can
+ * take as its conditions: the batch's rows are probed (however many events
+ * are pending, whatever the statistics, never a hash join over the whole
+ * index), and the scan names its tenants, so with work_events partitioned
+ * by tenant it reads only theirs. The join to the batch keeps each pair exact.
+ */
+function BATCH_PROBE(tx: TransactionSql, tenants: string[], ids: string[]) {
+  return tx`and w.event_id = any(${ids}::bigint[]) and w.tenant_id = any(${tenants}::text[])`;
+}
+
 /** Sets `published_at = now()` on these events (by tenant and event id); returns how many. */
 export async function markPublished(
   tx: TransactionSql,
   events: Pick<PendingEvent, "tenant_id" | "event_id">[],
 ): Promise<number> {
   if (events.length === 0) return 0;
+  const tenants = events.map((e) => e.tenant_id);
+  const ids = events.map((e) => e.event_id);
   const result = await tx`
     update work_events w
        set published_at = now()
-      from unnest(${events.map((e) => e.tenant_id)}::text[],
-                  ${events.map((e) => e.event_id)}::bigint[]) as p(tenant_id, event_id)
+      from unnest(${tenants}::text[], ${ids}::bigint[]) as p(tenant_id, event_id)
      where w.tenant_id = p.tenant_id and w.event_id = p.event_id
+       ${BATCH_PROBE(tx, tenants, ids)}
        and w.published_at is null and w.parked_at is null`;
   return result.count;
 }
@@ -144,13 +157,15 @@ export interface ParkedEvent {
  */
 export async function parkEvents(tx: TransactionSql, events: ParkedEvent[]): Promise<number> {
   if (events.length === 0) return 0;
+  const tenants = events.map((e) => e.tenant_id);
+  const ids = events.map((e) => e.event_id);
   const result = await tx`
     update work_events w
        set parked_at = now(), parked_reason = p.reason
-      from unnest(${events.map((e) => e.tenant_id)}::text[],
-                  ${events.map((e) => e.event_id)}::bigint[],
+      from unnest(${tenants}::text[], ${ids}::bigint[],
                   ${events.map((e) => e.reason)}::text[]) as p(tenant_id, event_id, reason)
      where w.tenant_id = p.tenant_id and w.event_id = p.event_id
+       ${BATCH_PROBE(tx, tenants, ids)}
        and w.published_at is null and w.parked_at is null`;
   return result.count;
 }

@@ -402,6 +402,19 @@ create table concurrency_slots (
 create index concurrency_slots_ready_idx
   on concurrency_slots (tenant_id collate "C", workflow_name, served_at)
   where queued > 0 and running < max_running;
+
+-- Runs in flight per tenant, and expired leases per tenant: the claim's fair
+-- share counts a tenant's running runs, and the reclaimer finds each tenant's
+-- expired leases, each one range of this index naming its tenant (with
+-- \`runs\` hash partitioned by tenant, one partition). The tenants with running
+-- runs are a loose scan of its leading column. Replaces
+-- runs_running_lease_idx (lease_expires_at, tenant_id, run_id), which served
+-- "expired leases across all tenants"; same predicate, for the same reason
+-- (migration 003).
+create index runs_running_tenant_idx
+  on runs (tenant_id collate "C", lease_expires_at, run_id)
+  where status = 'running' and lease_expires_at is not null;
+drop index runs_running_lease_idx;
 `,
   },
   {

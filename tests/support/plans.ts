@@ -115,7 +115,7 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
     },
     {
       name: "queue: claimLimitedRuns",
@@ -186,12 +186,12 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: reclaimExpired",
       call: (sql) => reclaimExpired(sql, 100),
-      indexes: { runs: ["runs_running_lease_idx"] },
+      indexes: { runs: ["runs_running_tenant_idx"] },
     },
     {
       name: "queue: queueCounts",
       call: (sql) => queueCounts(sql),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
     },
     {
       name: "queue: selectUnhostedQueues",
@@ -201,7 +201,7 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "console: selectTenantQueue",
       call: (sql) => selectTenantQueue(sql, s.tenant),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_lease_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
     },
     {
       name: "console: selectTenantWaitingVersions",
