@@ -15,7 +15,7 @@ import { requestCancel } from "../db/cancellation.ts";
 import { type ClaimedRun, claimLimitedRuns, claimRuns } from "../db/claims.ts";
 import { reclaimExpired } from "../db/leases.ts";
 import { selectRun } from "../db/runs.ts";
-import { renewWorker } from "../db/catalog.ts";
+import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { defineWorkflow } from "../workflows/define.ts";
@@ -354,5 +354,35 @@ Deno.test("priority: within a key of a limited workflow, the higher priority sta
     assert.equal(first.run_id, urgent);
   } finally {
     await s.db.drop();
+  }
+});
+
+Deno.test("catalog: a version's concurrency limit is part of its definition — registering it again with another limit or key is a conflict", async () => {
+  const db = await freshDatabase();
+  try {
+    const base = {
+      name: "shop.sync",
+      version: 1,
+      input_schema: { type: "object" },
+      max_attempts: null,
+      concurrency_limit: 1,
+      concurrency_key: "/customer_id",
+    };
+    const [first] = await registerVersions(db.sql, [base], "w1");
+    assert.equal(first.created, true);
+    const [same] = await registerVersions(db.sql, [base], "w2");
+    assert.equal(same.same, true);
+    const [otherLimit] = await registerVersions(db.sql, [{ ...base, concurrency_limit: 2 }], "w3");
+    assert.equal(otherLimit.same, false);
+    const [otherKey] = await registerVersions(db.sql, [{ ...base, concurrency_key: "/x" }], "w3");
+    assert.equal(otherKey.same, false);
+    const [unlimited] = await registerVersions(db.sql, [{
+      ...base,
+      concurrency_limit: null,
+      concurrency_key: null,
+    }], "w3");
+    assert.equal(unlimited.same, false);
+  } finally {
+    await db.drop();
   }
 });

@@ -214,6 +214,19 @@ Deno.test("flow control: on a worker with one slot and 50 queued runs at priorit
       headers: { authorization: `Bearer ${token}` },
     });
     assert.equal((await res.json()).priority, 10);
+    // Out of range, or not an integer: a 422 naming the field, nothing admitted.
+    for (const priority of [11, -11, 1.5, "high"]) {
+      const bad = await fetch(`${api.url}/v1/runs`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+        body: JSON.stringify({ workflow_ref: "shop.slow", input: { n: 0 }, priority }),
+      });
+      const problem = await bad.json();
+      assert.equal(bad.status, 422, JSON.stringify(problem));
+      assert.deepEqual(problem.errors.map((e: { path: string }) => e.path), ["priority"]);
+    }
+    const [total] = await db.sql<{ n: number }[]>`select count(*)::int as n from runs`;
+    assert.equal(total.n, 51);
   } finally {
     await worker?.stop();
     await api.stop();

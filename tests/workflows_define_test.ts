@@ -1,4 +1,5 @@
 import assert from "node:assert/strict";
+import { concurrencyKeyOf } from "../contracts/concurrency.ts";
 import { z } from "zod";
 import { defineWorkflow, isWorkflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
@@ -31,7 +32,7 @@ Deno.test("defineWorkflow: keeps the definition, adds its input as JSON Schema (
   assert.ok(Object.isFrozen(wf));
 });
 
-Deno.test("defineWorkflow: a bad name, version, maxAttempts, input or handler throws a TypeError naming the workflow", () => {
+Deno.test("defineWorkflow: a bad name, version, maxAttempts, concurrency, input or handler throws a TypeError naming the workflow", () => {
   const ok = { name: "a", version: 1, input: z.unknown(), handler };
   for (
     const [bad, pattern] of [
@@ -41,6 +42,11 @@ Deno.test("defineWorkflow: a bad name, version, maxAttempts, input or handler th
       [{ ...ok, maxAttempts: 0 }, /maxAttempts must be/],
       [{ ...ok, input: { parse: () => 1 } }, /input must be a zod schema/],
       [{ ...ok, handler: "no" }, /handler must be a function/],
+      [{ ...ok, concurrency: { limit: 0 } }, /a@1: concurrency.limit must be an integer/],
+      [{ ...ok, concurrency: { limit: 2.5 } }, /concurrency.limit must be an integer/],
+      [{ ...ok, concurrency: { limit: 1, key: "customer_id" } }, /concurrency.key must be a JSON/],
+      [{ ...ok, concurrency: { limit: 1, key: "/a~2" } }, /concurrency.key must be a JSON/],
+      [{ ...ok, concurrency: { limit: 1, per: "/a" } }, /concurrency has unknown field per/],
     ] as const
   ) {
     assert.throws(() => defineWorkflow(bad as never), (e: unknown) => {
@@ -111,4 +117,37 @@ export const notAWorkflow = { name: "three", version: 1 };
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("concurrency: the key is the input's value at the pointer as text; what cannot be a key says why", () => {
+  assert.deepEqual(concurrencyKeyOf({ customer_id: "c-1" }, "/customer_id"), { key: "c-1" });
+  assert.deepEqual(concurrencyKeyOf({ a: { "b/c": [7, 8] } }, "/a/b~1c/1"), { key: "8" });
+  assert.deepEqual(concurrencyKeyOf({ on: true }, "/on"), { key: "true" });
+  assert.deepEqual(concurrencyKeyOf({ anything: 1 }, undefined), { key: "" });
+  for (const input of [{}, { customer_id: null }, { customer_id: { x: 1 } }, null, "str"]) {
+    assert.ok("problem" in concurrencyKeyOf(input, "/customer_id"), JSON.stringify(input));
+  }
+  assert.ok("problem" in concurrencyKeyOf({ k: "x".repeat(256) }, "/k"));
+  // An inherited property is not the input's.
+  assert.ok("problem" in concurrencyKeyOf({}, "/constructor"));
+});
+
+Deno.test("registry: concurrency limits are registered with the version, and split the claims", () => {
+  const limited = defineWorkflow({
+    name: "l",
+    version: 1,
+    input: z.unknown(),
+    concurrency: { limit: 3, key: "/k" },
+    handler,
+  });
+  const plain = defineWorkflow({ name: "p", version: 1, input: z.unknown(), handler });
+  const registry = new WorkflowRegistry([limited, plain]);
+  assert.deepEqual(
+    registry.catalogVersions().map((v) => [v.name, v.concurrency_limit, v.concurrency_key]),
+    [["l", 3, "/k"], ["p", null, null]],
+  );
+  assert.deepEqual(registry.hostedByLimit(), {
+    unlimited: { names: ["p"], versions: [1] },
+    limited: { names: ["l"], versions: [1] },
+  });
 });
