@@ -40,6 +40,11 @@ import {
 } from "../db/queue_overview.ts";
 import { selectRunEvents } from "../db/runs.ts";
 import { countQueuedRuns } from "../db/tenant_quotas.ts";
+import {
+  selectLimitedWorkflowStats,
+  selectTenantWaitingGroups,
+  selectTenantWaitingTotals,
+} from "../db/concurrency_overview.ts";
 import { uuidv7Floor } from "../core/uuid.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
@@ -52,13 +57,17 @@ interface Captured {
   types: number[];
 }
 
-/** A statement and where its scans of `runs` and `work_events` must go. */
+/**
+ * A statement and where its scans of `runs` and `work_events` must go (and
+ * of `concurrency_slots` when it says); one that lists neither `runs` nor
+ * `work_events` must not read it at all.
+ */
 interface HotStatement {
   name: string;
   /** Issues the statement through `sql` (inside a transaction that is rolled back). */
   call: (sql: Sql) => Promise<unknown>;
   /** Per relation: every scan of it must use one of these indexes, and each is used. */
-  indexes: Partial<Record<"runs" | "work_events", string[]>>;
+  indexes: Partial<Record<"runs" | "work_events" | "concurrency_slots", string[]>>;
   /**
    * The plans it is executed with; both unless said. A statement sent
    * unprepared (`prepare: false`) is planned afresh each call: custom only.
@@ -192,6 +201,25 @@ function hotStatements(s: Sample): HotStatement[] {
       name: "quota: countQueuedRuns (the API's gate, capped at max_queued)",
       call: (sql) => countQueuedRuns(sql, s.tenant, 1000),
       indexes: { runs: ["runs_queued_workflow_idx"] },
+    },
+    {
+      // From concurrency_slots' counts only, never runs: one range of the
+      // waiting index, however many groups the tenant has.
+      name: "console: selectTenantWaitingGroups",
+      call: (sql) => selectTenantWaitingGroups(sql, s.tenant),
+      indexes: { concurrency_slots: ["concurrency_slots_waiting_idx"] },
+    },
+    {
+      name: "console: selectTenantWaitingTotals",
+      call: (sql) => selectTenantWaitingTotals(sql, s.tenant),
+      indexes: { concurrency_slots: ["concurrency_slots_waiting_idx"] },
+    },
+    {
+      // A scrape's aggregate over all of concurrency_slots (one row per
+      // group): any plan of it will do, as long as it never reads runs.
+      name: "queue: selectLimitedWorkflowStats",
+      call: (sql) => selectLimitedWorkflowStats(sql),
+      indexes: {},
     },
     {
       name: "console: selectAdmissionsPerMinute",
@@ -427,7 +455,9 @@ async function checkPlans(
  * Bulk rows in the shape production has: many tenants (one much larger),
  * mostly finished runs, some queued, due or not, some running (a few with
  * expired leases); two thirds carry a dispatch key (`key-<n>`); ~2 events per
- * run, mostly published (a few long ago), the rest pending.
+ * run, mostly published (a few long ago), the rest pending. And a
+ * concurrency group per 5 runs (a workflow limited per key, most groups
+ * idle, some full with a backlog, some with room).
  */
 async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
   await sql`
@@ -449,6 +479,15 @@ async function addRuns(sql: Sql, from: number, to: number): Promise<void> {
            lateral (select (array['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
                                   'succeeded', 'failed', 'queued', 'queued', 'running'])
                            [1 + (g * 7) % 10] as st) s`;
+  await sql`
+    insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
+                                   running, queued)
+    select 't' || lpad((case when g % 3 = 0 then 0 else g % ${TENANTS} end)::text, 2, '0'),
+           'limited', 'customer-' || g, 1 + g % 2,
+           case when g % 4 = 0 then 1 + g % 2 else 0 end,
+           case when g % 4 in (0, 1) then g % 7 else 0 end
+      from generate_series(${from}::int, ${to}::int) g
+     where g % 5 = 0`;
   await sql`
     insert into work_events (tenant_id, run_id, seq, type, payload, at, published_at)
     select r.tenant_id, r.run_id, e.seq, 'run.x', '{}', now() - interval '2 days',
@@ -501,6 +540,7 @@ Deno.test("plans: admission, claim and outbox statements use their intended inde
     assert.deepEqual(stats, { reltuples: -1, analyzed: 0 }, "runs must never have been analyzed");
     await db.sql`analyze runs`;
     await db.sql`analyze work_events`;
+    await db.sql`analyze concurrency_slots`;
     failures.push(
       ...await checkPlans(db, "50,000 runs, analyzed", await sample(db.sql), rows),
     );
