@@ -1,11 +1,13 @@
 /**
- * The queue's size, the age of its oldest due run and the queued runs no
- * live worker can take, for the workers' metrics (per tenant, for the
- * console: db/queue_overview.ts).
+ * The queue's size, the age of its oldest due run, the queued runs no live
+ * worker can take and the runs of limited workflows, for the workers'
+ * metrics (per tenant, for the console: db/queue_overview.ts and
+ * db/concurrency_overview.ts).
  */
 import type { Sql } from "./pool.ts";
 import { selectUnhostedQueues, type UnhostedQueue } from "./catalog.ts";
 import { COUNT_CAP } from "./queue_overview.ts";
+import { type LimitedWorkflowStats, selectLimitedWorkflowStats } from "./concurrency_overview.ts";
 import { CATALOG_VERSIONS, QUEUED_TENANTS } from "./queue_sql.ts";
 
 /** The queue at a glance, for metrics. */
@@ -19,6 +21,11 @@ export interface QueueStats {
    * versions without queued runs are absent.
    */
   waitingForWorker: UnhostedQueue[];
+  /**
+   * Per tenant and workflow with a concurrency limit, its runs waiting on a
+   * full group and its runs running; workflows with neither are absent.
+   */
+  limited: LimitedWorkflowStats[];
 }
 
 /**
@@ -29,7 +36,9 @@ export interface QueueStats {
  * while it holds a lease (a check constraint says so); the oldest due run is
  * the oldest of the tenants' heads, one probe per tenant with queued runs.
  */
-export async function queueCounts(sql: Sql): Promise<Omit<QueueStats, "waitingForWorker">> {
+export async function queueCounts(sql: Sql): Promise<
+  Omit<QueueStats, "waitingForWorker" | "limited">
+> {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
     -- Counted per tenant of the loose scan: each count is a range of the
@@ -49,13 +58,15 @@ export async function queueCounts(sql: Sql): Promise<Omit<QueueStats, "waitingFo
 }
 
 /**
- * `queueCounts` and the unhosted versions' queued runs
- * (`selectUnhostedQueues`), both at once: what one scrape reads.
+ * `queueCounts`, the unhosted versions' queued runs (`selectUnhostedQueues`)
+ * and the limited workflows' counts (`selectLimitedWorkflowStats`), all at
+ * once: what one scrape reads.
  */
 export async function queueStats(sql: Sql): Promise<QueueStats> {
-  const [counts, waitingForWorker] = await Promise.all([
+  const [counts, waitingForWorker, limited] = await Promise.all([
     queueCounts(sql),
     selectUnhostedQueues(sql, COUNT_CAP),
+    selectLimitedWorkflowStats(sql),
   ]);
-  return { ...counts, waitingForWorker };
+  return { ...counts, waitingForWorker, limited };
 }

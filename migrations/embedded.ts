@@ -439,4 +439,22 @@ alter table tenants
   add column admission_rate double precision check (admission_rate > 0);
 `,
   },
+  {
+    version: 13,
+    name: "concurrency_waiting_index",
+    sql: `\
+-- The concurrency groups that hold runs back: at their limit, with runs
+-- queued. What the console's queue page lists per tenant, most queued first
+-- (db/concurrency_overview.ts): a range of this index, so the page costs the
+-- groups it shows, not the tenant's groups that ever had a run (a row per
+-- key stays in concurrency_slots for good). The claim never reads it (its
+-- groups have room: concurrency_slots_ready_idx). Updates of a slot row are
+-- not HOT already (the ready index's predicate reads the counts), so this
+-- adds one index entry per update of a full group with a backlog, none for
+-- other groups. Collation "C" as migration 003 explains.
+create index concurrency_slots_waiting_idx
+  on concurrency_slots (tenant_id collate "C", queued desc, workflow_name, concurrency_key)
+  where queued > 0 and running >= max_running;
+`,
+  },
 ];

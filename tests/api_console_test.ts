@@ -22,6 +22,10 @@ import { builtinRegistry } from "../workflows/builtin.ts";
 import { RunWatch } from "../api/run_watch.ts";
 import { createPool } from "../db/pool.ts";
 import { setTenantQuota } from "../db/tenant_quotas.ts";
+import { type ClaimedRun, claimLimitedRuns } from "../db/claims.ts";
+import { completeRun } from "../db/attempt_end.ts";
+import { defineWorkflow } from "../workflows/define.ts";
+import { z } from "zod";
 
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
@@ -34,6 +38,16 @@ interface World {
   relay: string;
   watch?: RunWatch;
 }
+
+/** A workflow limited to one running run per customer: the catalog's only limited one. */
+const perCustomer = defineWorkflow({
+  name: "shop.sync",
+  version: 1,
+  input: z.object({ customer_id: z.string(), n: z.number() }),
+  concurrency: { limit: 1, key: "/customer_id" },
+  handler: () => Promise.resolve(null),
+});
+const REGISTRY = builtinRegistry().register(perCustomer);
 
 /** With `live`, the API has a started RunWatch (stopped by `close`). */
 async function world(live = false): Promise<World> {
@@ -50,7 +64,7 @@ async function world(live = false): Promise<World> {
   const app = createApp({
     watch,
     sql,
-    admission: new Admission(sql, catalogOf(), { maxBatch: 64, maxConcurrent: 2 }),
+    admission: new Admission(sql, catalogOf(REGISTRY), { maxBatch: 64, maxConcurrent: 2 }),
     auth: new Authenticator(sql, 30_000),
     metrics: createApiMetrics(new client.Registry()),
     log: silentLogger,
@@ -326,6 +340,94 @@ Deno.test("console: pages, fragments and run events", async (t) => {
         assert.ok(hosted.text.includes('id="no-waiting"'));
       },
     );
+  } finally {
+    await w.db.drop();
+  }
+});
+
+Deno.test("console: the queue page lists the tenant's groups waiting on a concurrency limit; a waiting run's page says so", async (t) => {
+  const w = await world();
+  try {
+    const sql = w.db.sql;
+    const sync = (token: string, customer_id: string, n: number) =>
+      admit(w, token, { workflow_ref: "shop.sync", input: { customer_id, n } });
+    const rows = (text: string) =>
+      [
+        ...text.matchAll(
+          /<tr data-workflow="([^"]*)" data-key="([^"]*)"><td class="mono">[^<]*<\/td><td class="mono">(?:<span[^>]*>)?[^<]*(?:<\/span>)?<\/td><td>(\d+)<\/td><td>(\d+)<\/td><td>(\d+)</g,
+        ),
+      ].map((m) => [m[1], m[2], Number(m[3]), Number(m[4]), Number(m[5])]);
+    const text = (page: string, id: string) =>
+      new RegExp(`id="${id}"[^>]*>([^<]*)<`).exec(page)?.[1];
+
+    await t.step("nothing waits before a group is full", async () => {
+      await sync(w.acme, "a", 0);
+      const q = await get(w, "/console/fragments/queue", w.acme);
+      assert.ok(q.text.includes("Waiting on a concurrency limit"), q.text);
+      assert.ok(q.text.includes('id="no-concurrency-waiting"'), q.text);
+      assert.deepEqual(rows(q.text), []);
+    });
+
+    let waitingRun = "";
+    let started: ClaimedRun[] = [];
+    await t.step("full groups with queued runs: most queued first, and totals", async () => {
+      for (let n = 1; n < 4; n++) waitingRun = (await sync(w.acme, "a", n)).run_id;
+      // A hostile key is shown as text.
+      for (let n = 0; n < 2; n++) await sync(w.acme, SCRIPT, n);
+      await sync(w.acme, "lonely", 0); // starts, nothing behind it: not listed
+      await sync(w.globex, "g", 0);
+      await sync(w.globex, "g", 1);
+      started = await claimLimitedRuns(
+        sql,
+        "console-test",
+        16,
+        60_000,
+        REGISTRY.hostedByLimit().limited,
+      );
+      assert.equal(started.length, 4, "one per customer");
+      // A live worker hosts it: its queued runs wait on the limit, not for a worker.
+      await renewWorker(sql, "console-test", ["shop.sync@1"], 60_000);
+      const q = await get(w, "/console/fragments/queue", w.acme);
+      assert.deepEqual(rows(q.text), [
+        ["shop.sync", "a", 1, 1, 3],
+        ["shop.sync", "&lt;script&gt;alert(1)&lt;/script&gt;", 1, 1, 1],
+      ]);
+      assert.ok(!q.text.includes("<script>"), "no script element");
+      assert.equal(text(q.text, "concurrency-waiting-runs"), "4");
+      assert.equal(text(q.text, "concurrency-full-groups"), "2");
+      assert.ok(!q.text.includes('id="no-concurrency-waiting"'));
+      // globex sees its own group only.
+      const theirs = await get(w, "/console/fragments/queue", w.globex);
+      assert.deepEqual(rows(theirs.text), [["shop.sync", "g", 1, 1, 1]]);
+      assert.equal(text(theirs.text, "concurrency-waiting-runs"), "1");
+    });
+
+    await t.step("a run waiting on its key's limit says so on its page", async () => {
+      const page = await get(w, `/console/fragments/runs/${waitingRun}`, w.acme);
+      assert.match(page.text, /id="run-waiting-for" data-reason="concurrency"/);
+      assert.equal(text(page.text, "run-waiting-running"), "1");
+      assert.equal(text(page.text, "run-waiting-limit"), "1");
+      assert.equal(text(page.text, "run-waiting-key"), "a");
+      // A queued run of a version no worker hosts says that instead.
+      const echo = await admit(w, w.acme, {});
+      const other = await get(w, `/console/fragments/runs/${echo.run_id}`, w.acme);
+      assert.match(other.text, /id="run-waiting-for" data-reason="worker">no running worker/);
+    });
+
+    await t.step("when a run ends, its group has room and leaves the list", async () => {
+      const [{ run_id }] = await sql<{ run_id: string }[]>`
+        select run_id from runs
+         where tenant_id = 'acme' and concurrency_key = 'a' and status = 'running'`;
+      const a = started.find((r) => r.run_id === run_id)!;
+      assert.ok(await completeRun(sql, "acme", a.run_id, "console-test", a.attempts, null));
+      const q = await get(w, "/console/fragments/queue", w.acme);
+      assert.deepEqual(rows(q.text), [
+        ["shop.sync", "&lt;script&gt;alert(1)&lt;/script&gt;", 1, 1, 1],
+      ]);
+      assert.equal(text(q.text, "concurrency-waiting-runs"), "1");
+      const page = await get(w, `/console/fragments/runs/${waitingRun}`, w.acme);
+      assert.match(page.text, /data-reason="slot"/);
+    });
   } finally {
     await w.db.drop();
   }

@@ -18,11 +18,26 @@ import { SECOND } from "../core/time.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
 import { type Browser, launchBrowser } from "./support/browser.ts";
+import { z } from "zod";
+import { registerVersions, renewWorker } from "../db/catalog.ts";
+import { claimLimitedRuns } from "../db/claims.ts";
+import { notifyCatalog } from "../db/notify.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { defineWorkflow } from "../workflows/define.ts";
 
 const SCREENSHOTS = Deno.env.get("CONSOLE_SCREENSHOTS");
 const LONG = 60 * SECOND;
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
+
+/** A workflow limited to one running run per customer, as a worker would register it. */
+const LIMITED = new WorkflowRegistry().register(defineWorkflow({
+  name: "crm.sync",
+  version: 1,
+  input: z.object({ customer_id: z.string() }),
+  concurrency: { limit: 1, key: "/customer_id" },
+  handler: () => Promise.resolve(null),
+}));
 
 /** Playwright's child process and sockets outlive a test's op accounting. */
 const BROWSER_TEST = { sanitizeOps: false, sanitizeResources: false } as const;
@@ -215,15 +230,52 @@ Deno.test({
     assert.equal(await page.getByRole("button", { name: "Cancel run" }).count(), 0);
     assert.equal(await s.status(target), "cancelled");
 
+    // A workflow limited to one run per customer, hosted by a worker that
+    // started one run of each customer (claimed here, as that worker would):
+    // the others wait on the limit.
+    await registerVersions(s.db.sql, LIMITED.catalogVersions(), "console-it");
+    await notifyCatalog(s.db.sql);
+    const backlog = { "acme-corp": 4, "globex": 3, "initech": 1 };
+    await waitFor("the API knows crm.sync", async () => {
+      const res = await fetch(`${s.api.url}/v1/runs`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+        body: JSON.stringify({ workflow_ref: "crm.sync", input: { customer_id: "acme-corp" } }),
+      });
+      await res.body?.cancel();
+      return res.status === 201;
+    }, LONG);
+    for (const [customer_id, n] of Object.entries(backlog)) {
+      for (let i = customer_id === "acme-corp" ? 1 : 0; i < n; i++) {
+        await s.admit({ workflow_ref: "crm.sync", input: { customer_id } });
+      }
+    }
+    await renewWorker(s.db.sql, "console-it-worker", ["crm.sync@1"], 10 * 60 * SECOND);
+    const started = await claimLimitedRuns(
+      s.db.sql,
+      "console-it-worker",
+      16,
+      10 * 60 * SECOND,
+      LIMITED.hostedByLimit().limited,
+    );
+    assert.equal(started.length, 3, "one per customer");
+
     // The queue at a glance: what waits, and the hour's admissions.
     await page.getByRole("link", { name: "Queue" }).click();
     await page.waitForURL("**/console/queue");
     await page.locator("#queued").waitFor();
-    assert.equal(await page.locator("#queued").textContent(), "3");
-    assert.equal(await page.locator("#running").textContent(), "0");
-    assert.equal(await page.locator("#admitted-hour").textContent(), String(done.length + 4));
+    assert.equal(await page.locator("#queued").textContent(), "8", "3 echo, 5 crm.sync");
+    assert.equal(await page.locator("#running").textContent(), "3");
+    assert.equal(await page.locator("#admitted-hour").textContent(), String(done.length + 12));
     assert.equal(await page.locator("svg.chart rect.bar").count(), 60);
-    await screenshot(page, "queue");
+    // Waiting on the limit: acme-corp's 3 and globex's 2 (initech's run started).
+    assert.deepEqual(
+      await page.locator("#concurrency-waiting tbody td").allTextContents(),
+      ["crm.sync", "acme-corp", "1", "1", "3", "crm.sync", "globex", "1", "1", "2"],
+    );
+    assert.equal(await page.locator("#concurrency-waiting-runs").textContent(), "5");
+    assert.equal(await page.locator("#concurrency-full-groups").textContent(), "2");
+    await screenshot(page, "queue", true);
 
     assert.deepEqual(seen.foreignRequests, [], "no request leaves localhost");
     assert.deepEqual(seen.cspViolations, [], "nothing the page does violates its CSP");

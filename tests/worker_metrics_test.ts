@@ -2,7 +2,9 @@
  * The worker's scrape-time queue gauges: `poimen_runs_waiting_for_worker`
  * has one series per workflow version no live worker hosts, read with the
  * other queue gauges in one collection, and a version that stops waiting
- * disappears; queueStats finds those versions in Postgres.
+ * disappears; queueStats finds those versions in Postgres. The gauges of
+ * limited workflows (`poimen_runs_waiting_on_concurrency`,
+ * `poimen_runs_running_limited`) follow the groups' counts.
  */
 import assert from "node:assert/strict";
 import client from "prom-client";
@@ -12,6 +14,13 @@ import { insertRuns, type NewRun } from "../db/admission.ts";
 import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { type QueueStats, queueStats } from "../db/queue_stats.ts";
 import { createWorkerMetrics } from "../worker/metrics.ts";
+import { completeRun } from "../db/attempt_end.ts";
+import { claimLimitedRuns } from "../db/claims.ts";
+import { Admission } from "../admission/admit.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
+import { defineWorkflow } from "../workflows/define.ts";
+import { z } from "zod";
+import { catalogOf } from "./support/catalog.ts";
 import { freshDatabase } from "./support/db.ts";
 
 const WAITING = /^poimen_runs_waiting_for_worker\{workflow="([^"]+)"\} (\d+)$/gm;
@@ -26,14 +35,21 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
       byStatus: { queued: 7, running: 1 },
       oldestQueuedAgeSeconds: 3,
       waitingForWorker: [{ workflow: "a@1", runs: 5 }, { workflow: "b@2", runs: 2 }],
+      limited: [],
     },
     {
       byStatus: { queued: 2, running: 0 },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [{ workflow: "b@2", runs: 2 }],
+      limited: [],
     },
     new Error("postgres went away"),
-    { byStatus: { queued: 0, running: 0 }, oldestQueuedAgeSeconds: 0, waitingForWorker: [] },
+    {
+      byStatus: { queued: 0, running: 0 },
+      oldestQueuedAgeSeconds: 0,
+      waitingForWorker: [],
+      limited: [],
+    },
   ];
   let reads = 0;
   const registry = new client.Registry();
@@ -115,6 +131,84 @@ Deno.test("worker metrics: queueStats counts the queued runs of each version no 
 
     await renewWorker(sql, "w2", ["orphan@1"], 60_000);
     assert.deepEqual([...(await queueStats(sql)).waitingForWorker], []);
+  } finally {
+    await db.drop();
+  }
+});
+
+const LIMITED = /^poimen_runs_(waiting_on_concurrency|running_limited)\{([^}]*)\} (\d+)$/gm;
+
+/** `name{tenant,workflow}` → value, of the two gauges of limited workflows. */
+function limitedSeries(text: string): Record<string, number> {
+  return Object.fromEntries(
+    [...text.matchAll(LIMITED)].map((m) => {
+      const labels = Object.fromEntries(
+        [...m[2].matchAll(/(\w+)="([^"]*)"/g)].map((l) => [l[1], l[2]]),
+      );
+      return [`${m[1]}{${labels.tenant},${labels.workflow}}`, Number(m[3])];
+    }),
+  );
+}
+
+Deno.test("worker metrics: the runs a full concurrency group holds back and the limited runs running, per tenant and workflow, from Postgres", async () => {
+  const db = await freshDatabase();
+  const sql = db.sql;
+  try {
+    const perCustomer = defineWorkflow({
+      name: "shop.sync",
+      version: 1,
+      input: z.object({ customer_id: z.string(), n: z.number() }),
+      concurrency: { limit: 1, key: "/customer_id" },
+      handler: () => Promise.resolve(null),
+    });
+    const registry = builtinRegistry().register(perCustomer);
+    for (const t of ["acme", "globex"]) await insertTenant(sql, t);
+    const admission = new Admission(sql, catalogOf(registry), { maxBatch: 8, maxConcurrent: 1 });
+    const admit = (tenantId: string, customer_id: string, n: number) =>
+      admission.admit({ workflow_ref: "shop.sync", input: { customer_id, n } }, {
+        tenantId,
+        source: "test",
+        entry: "http",
+      });
+    // acme: customer a has 4 runs (1 starts, 3 wait), b has 1 (it starts:
+    // its group has room after); globex: c has 2 (1 starts, 1 waits).
+    for (let n = 0; n < 4; n++) await admit("acme", "a", n);
+    await admit("acme", "b", 0);
+    for (let n = 0; n < 2; n++) await admit("globex", "c", n);
+
+    const registryOf = new client.Registry();
+    createWorkerMetrics(registryOf, () => queueStats(sql), () => 0, silentLogger);
+    const scrape = async () => {
+      // Let the last shared read be forgotten (it is, on the next macrotask).
+      await new Promise((r) => setTimeout(r, 0));
+      return limitedSeries(await registryOf.metrics());
+    };
+    // Nothing running yet: no group is full, nothing waits on a limit.
+    assert.deepEqual(await scrape(), {});
+
+    const claimed = await claimLimitedRuns(
+      sql,
+      "w1",
+      16,
+      30_000,
+      registry.hostedByLimit().limited,
+    );
+    assert.equal(claimed.length, 3, "one per customer");
+    assert.deepEqual(await scrape(), {
+      "waiting_on_concurrency{acme,shop.sync}": 3,
+      "running_limited{acme,shop.sync}": 2,
+      "waiting_on_concurrency{globex,shop.sync}": 1,
+      "running_limited{globex,shop.sync}": 1,
+    });
+
+    // globex's run ends: its group has room, its queued run no longer waits
+    // on the limit (it waits for a claim).
+    const c = claimed.find((r) => r.tenant_id === "globex")!;
+    assert.ok(await completeRun(sql, "globex", c.run_id, "w1", c.attempts, null));
+    assert.deepEqual(await scrape(), {
+      "waiting_on_concurrency{acme,shop.sync}": 3,
+      "running_limited{acme,shop.sync}": 2,
+    });
   } finally {
     await db.drop();
   }

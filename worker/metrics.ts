@@ -109,6 +109,34 @@ export function createWorkerMetrics(
       for (const q of s.waitingForWorker) this.set({ workflow: q.workflow }, q.runs);
     },
   });
+  // Per tenant and limited workflow, from concurrency_slots' exact counts.
+  // As above, only what this scrape found: a workflow with nothing running
+  // or waiting disappears from both.
+  new client.Gauge({
+    name: "poimen_runs_waiting_on_concurrency",
+    help:
+      "Queued runs (due or not) of concurrency groups at their limit, by tenant and workflow: runs a concurrency limit holds back",
+    labelNames: ["tenant", "workflow"] as const,
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (!s) return;
+      this.reset();
+      for (const l of s.limited) this.set({ tenant: l.tenant, workflow: l.workflow }, l.waiting);
+    },
+  });
+  new client.Gauge({
+    name: "poimen_runs_running_limited",
+    help: "Running runs of workflows with a concurrency limit, by tenant and workflow",
+    labelNames: ["tenant", "workflow"] as const,
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (!s) return;
+      this.reset();
+      for (const l of s.limited) this.set({ tenant: l.tenant, workflow: l.workflow }, l.running);
+    },
+  });
 
   const hooks: WorkerHooks = {
     onClaimed: (n) => claims.inc(n),

@@ -22,6 +22,10 @@ import {
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
 import { selectTenantQuota } from "../../db/tenant_quotas.ts";
+import {
+  selectTenantWaitingGroups,
+  selectTenantWaitingTotals,
+} from "../../db/concurrency_overview.ts";
 import type { ApiEnv } from "../app.ts";
 import type { Authenticator } from "../auth.ts";
 import type { Logger } from "../../core/log.ts";
@@ -154,7 +158,9 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
   app.get("/fragments/runs/:run_id", async (c) => {
     const runId = c.req.param("run_id");
     const tenant = c.get("principal").tenantId;
-    const row = UUID_PATTERN.test(runId) ? await selectRun(sql, tenant, runId) : undefined;
+    const row = UUID_PATTERN.test(runId)
+      ? await selectRun(sql, tenant, runId, { waiting: true })
+      : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     const events = await selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS);
     return c.html(
@@ -189,11 +195,13 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     const since = new Date(now.getTime() - 60 * 60_000);
     // A minute of slack below the id bound: ids come from the API's clock,
     // created_at from the database's.
-    const [queue, waiting, perMinute, quota] = await Promise.all([
+    const [queue, waiting, perMinute, quota, limitedGroups, limitedTotals] = await Promise.all([
       selectTenantQueue(sql, tenant),
       selectTenantWaitingVersions(sql, tenant),
       selectAdmissionsPerMinute(sql, tenant, since, uuidv7Floor(since.getTime() - 60_000)),
       selectTenantQuota(sql, tenant),
+      selectTenantWaitingGroups(sql, tenant),
+      selectTenantWaitingTotals(sql, tenant),
     ]);
     return c.html(
       <QueueFragment
@@ -203,6 +211,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         perMinute={perMinute}
         now={now}
         quota={quota}
+        limited={{ groups: limitedGroups, totals: limitedTotals }}
       />,
     );
   });

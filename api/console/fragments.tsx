@@ -15,6 +15,8 @@ import {
 import { BarChart } from "./chart.tsx";
 import type { TenantQuota } from "../../db/tenant_quotas.ts";
 import { QuotaUse } from "./quota_use.tsx";
+import type { WaitingGroup, WaitingTotals } from "../../db/concurrency_overview.ts";
+import { ConcurrencyWaiting } from "./concurrency_waiting.tsx";
 
 /** The run statuses a filter offers. */
 export const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"] as const;
@@ -145,6 +147,26 @@ export function RunsFragment({ tenant, filter, runs, nextCursor, paged }: {
   );
 }
 
+/** What a queued run waits for; a concurrency limit with its key, limit and running runs. */
+function WaitingFor({ waiting }: { waiting: NonNullable<Run["waiting_for"]> }) {
+  if (waiting.reason !== "concurrency") return <>{waiting.detail}</>;
+  return (
+    <>
+      {"a concurrency limit: "}
+      <span id="run-waiting-running">{String(waiting.running)}</span>
+      {" of "}
+      <span id="run-waiting-limit">{String(waiting.limit)}</span>
+      {" running "}
+      {waiting.key === "" ? "for this tenant" : (
+        <>
+          {"for key "}
+          <span class="mono" id="run-waiting-key">{waiting.key}</span>
+        </>
+      )}
+    </>
+  );
+}
+
 /**
  * One run: what it is, its input, its result or error, and its event
  * timeline. `data-event-seq` is the seq of its last event (shown or purged):
@@ -196,6 +218,16 @@ export function RunFragment({ tenant, run, events, eventSeq }: {
         <dd id="run-due">
           <When iso={run.run_after} />
         </dd>
+        {run.waiting_for
+          ? (
+            <>
+              <dt>Waiting for</dt>
+              <dd id="run-waiting-for" data-reason={run.waiting_for.reason}>
+                <WaitingFor waiting={run.waiting_for} />
+              </dd>
+            </>
+          )
+          : ""}
         <dt>Started</dt>
         <dd>
           <When iso={run.started_at} />
@@ -293,19 +325,24 @@ function WaitingVersions({ waiting }: { waiting: WaitingVersion[] }) {
 
 /**
  * The queue at a glance: counts, the oldest due run's wait, the versions
- * waiting for a worker, admissions per minute.
+ * waiting for a worker, the groups waiting on a concurrency limit,
+ * admissions per minute.
  */
-export function QueueFragment({ tenant, queue, waiting, perMinute, now, quota }: {
-  tenant: string;
-  queue: TenantQueue;
-  /** The tenant's quotas (`deno task tenant`); none shown when it has none. */
-  quota?: TenantQuota;
-  /** Versions its queued runs wait on that no live worker hosts. */
-  waiting: WaitingVersion[];
-  /** Admissions per minute over the last hour (minutes without any absent). */
-  perMinute: MinuteCount[];
-  now: Date;
-}) {
+export function QueueFragment(
+  { tenant, queue, waiting, perMinute, now, quota, limited }: {
+    tenant: string;
+    queue: TenantQueue;
+    /** Its concurrency groups at their limit with queued runs, and their totals. */
+    limited?: { groups: WaitingGroup[]; totals: WaitingTotals };
+    /** The tenant's quotas (`deno task tenant`); none shown when it has none. */
+    quota?: TenantQuota;
+    /** Versions its queued runs wait on that no live worker hosts. */
+    waiting: WaitingVersion[];
+    /** Admissions per minute over the last hour (minutes without any absent). */
+    perMinute: MinuteCount[];
+    now: Date;
+  },
+) {
   const MINUTE = 60_000;
   const end = Math.floor(now.getTime() / MINUTE) * MINUTE;
   const byMinute = new Map(perMinute.map((m) => [new Date(m.minute).getTime(), m.runs]));
@@ -340,6 +377,7 @@ export function QueueFragment({ tenant, queue, waiting, perMinute, now, quota }:
       <QuotaUse quota={quota} queued={queue.queued} />
       <h2>Waiting for a worker</h2>
       <WaitingVersions waiting={waiting} />
+      {limited ? <ConcurrencyWaiting groups={limited.groups} totals={limited.totals} /> : ""}
       <h2>Runs admitted per minute, last hour</h2>
       <BarChart
         bars={bars}

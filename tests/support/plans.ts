@@ -30,6 +30,11 @@ import {
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
+import {
+  selectLimitedWorkflowStats,
+  selectTenantWaitingGroups,
+  selectTenantWaitingTotals,
+} from "../../db/concurrency_overview.ts";
 import { uuidv7Floor } from "../../core/uuid.ts";
 import { purgeFinishedRuns } from "../../db/retention.ts";
 
@@ -214,6 +219,25 @@ export function hotStatements(s: Sample): HotStatement[] {
       indexes: { runs: ["runs_queued_workflow_idx"] },
     },
     {
+      // From concurrency_slots' counts only, never runs: one range of the
+      // waiting index, however many groups the tenant has.
+      name: "console: selectTenantWaitingGroups",
+      call: (sql) => selectTenantWaitingGroups(sql, s.tenant),
+      indexes: { concurrency_slots: ["concurrency_slots_waiting_idx"] },
+    },
+    {
+      name: "console: selectTenantWaitingTotals",
+      call: (sql) => selectTenantWaitingTotals(sql, s.tenant),
+      indexes: { concurrency_slots: ["concurrency_slots_waiting_idx"] },
+    },
+    {
+      // A scrape's aggregate over all of concurrency_slots (one row per
+      // group): any plan of it will do, as long as it never reads runs.
+      name: "queue: selectLimitedWorkflowStats",
+      call: (sql) => selectLimitedWorkflowStats(sql),
+      indexes: {},
+    },
+    {
       name: "console: selectAdmissionsPerMinute",
       call: (sql) => {
         const since = new Date(Date.now() - 60 * 60_000);
@@ -395,6 +419,18 @@ export async function addRuns(sql: Sql, from: number, to: number): Promise<void>
            lateral (select (array['succeeded', 'succeeded', 'succeeded', 'succeeded', 'succeeded',
                                   'succeeded', 'failed', 'queued', 'queued', 'running'])
                            [1 + (g * 7) % 10] as st) s`;
+  // Concurrency groups with no runs behind them, one per 5 runs (most idle,
+  // some full with a backlog, some with room): the console's statements read
+  // only these counts.
+  await sql`
+    insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
+                                   running, queued)
+    select 't' || lpad((case when g % 3 = 0 then 0 else g % ${TENANTS} end)::text, 2, '0'),
+           'limited', 'customer-' || g, 1 + g % 2,
+           case when g % 4 = 0 then 1 + g % 2 else 0 end,
+           case when g % 4 in (0, 1) then g % 7 else 0 end
+      from generate_series(${from}::int, ${to}::int) g
+     where g % 5 = 0`;
   await sql`
     insert into work_events (tenant_id, run_id, seq, type, payload, at, published_at)
     select r.tenant_id, r.run_id, e.seq, 'run.x', '{}', now() - interval '2 days',
