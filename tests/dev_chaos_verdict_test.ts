@@ -1,13 +1,15 @@
 /**
  * dev/chaos/verdict.ts: the chaos invariants on made-up observations: a
  * perfect outcome passes, and each kind of damage is caught by its counter
- * (and by tenant_b when it hits the clean tenant). The harness itself runs
- * as `deno task chaos`, not here.
+ * (and by tenant_b when it hits the clean tenant), among them a concurrency
+ * group over its limit and slot counts that drifted from the runs. The
+ * harness itself runs as `deno task chaos`, not here.
  *
  *   deno test -A tests/dev_chaos_verdict_test.ts
  */
 import assert from "node:assert/strict";
-import { type Plan, plan } from "../dev/chaos/plan.ts";
+import { KEYED, type Plan, plan } from "../dev/chaos/plan.ts";
+import type { SlotGroup } from "../dev/chaos/observe.ts";
 import {
   type Counter,
   COUNTERS,
@@ -22,6 +24,20 @@ function workload(): Plan {
   return plan({ messages: 600, tenants: TENANTS, seed: 7, bodyLimit: 1024 });
 }
 
+/** A group of the limited workflow as one sample (or the read after the drain) saw it. */
+function group(tenant: string, key: string, running: number, queued: number): SlotGroup {
+  return {
+    tenant,
+    workflow: KEYED.workflow,
+    key,
+    running,
+    queued,
+    slotRunning: running,
+    slotQueued: queued,
+    maxRunning: KEYED.limit,
+  };
+}
+
 /** What a flawless run would leave behind for `p`. */
 function perfect(p: Plan): Observed {
   const seen: Observed = {
@@ -33,13 +49,32 @@ function perfect(p: Plan): Observed {
     http: [],
     crashes: [],
     uncommitted: new Map(),
+    // Groups at their limit with runs waiting, then idle; all counted right.
+    slots: {
+      samples: [
+        {
+          at: 100,
+          groups: [group(TENANTS.poisoned, "g1", 2, 3), group(TENANTS.clean, "g1", 1, 0)],
+        },
+        { at: 200, groups: [group(TENANTS.poisoned, "g1", 2, 1)] },
+        { at: 300, groups: [] },
+      ],
+      failed: 1,
+      final: [group(TENANTS.poisoned, "g1", 0, 0), group(TENANTS.clean, "g1", 0, 0)],
+    },
   };
+  const groups = new Map(
+    p.messages.filter((m) => m.group).map((m) => [`${m.tenant}/${m.dispatchKey}`, m.group!]),
+  );
   const addRun = (tenant: string, dispatchKey: string | null, marker: string | null) => {
     const runId = crypto.randomUUID();
+    const group = groups.get(`${tenant}/${dispatchKey}`) ?? null;
     seen.runs.push({
       tenant,
       runId,
       dispatchKey,
+      workflowName: group === null ? "echo" : KEYED.workflow,
+      concurrencyKey: group,
       status: "succeeded",
       eventSeq: 3,
       marker,
@@ -70,6 +105,29 @@ function nonZero(counts: Record<Counter, number>): Partial<Record<Counter, numbe
 function runOf(seen: Observed, tenant: string) {
   return seen.runs.find((r) => r.tenant === tenant && r.dispatchKey?.startsWith("chaos-"))!;
 }
+
+Deno.test("chaos verdict: about a quarter of the fresh keys are limited runs over few groups, on both tenants", () => {
+  const p = workload();
+  assert.deepEqual(p.limited, { workflow: KEYED.workflow, limit: KEYED.limit });
+  const fresh = p.messages.filter((m) => m.kind === "fresh");
+  const keyed = fresh.filter((m) => m.group !== undefined);
+  const share = keyed.length / fresh.length;
+  assert.ok(share > 0.18 && share < 0.32, `${keyed.length} of ${fresh.length} keyed`);
+  for (const tenant of Object.values(TENANTS)) {
+    const groups = new Set(keyed.filter((m) => m.tenant === tenant).map((m) => m.group));
+    assert.ok(groups.size > 1 && groups.size <= KEYED.groups, `${tenant}: ${groups.size} groups`);
+  }
+  for (const m of keyed) {
+    const body = JSON.parse(m.value);
+    assert.equal(body.workflow_ref, KEYED.workflow);
+    // The definition's key pointer finds the planned group in the input.
+    assert.equal(body.input[KEYED.pointer.slice(1)], m.group);
+    assert.ok(body.input.ms >= KEYED.minMs && body.input.ms <= KEYED.maxMs);
+  }
+  // A redelivery of a limited run is of the same group.
+  const redelivered = p.messages.filter((m) => m.kind === "redelivery" && m.group);
+  assert.ok(redelivered.length > 0);
+});
 
 Deno.test("chaos verdict: the plan has every poison kind, redeliveries, and races", () => {
   const p = workload();
@@ -188,6 +246,8 @@ Deno.test("chaos verdict: a dead-lettered good message, or admitted poison, is d
     tenant: poison.tenant,
     runId,
     dispatchKey: poison.dispatchKey!,
+    workflowName: "echo",
+    concurrencyKey: null,
     status: "succeeded",
     eventSeq: 1,
     marker: null,
@@ -234,4 +294,70 @@ Deno.test("chaos verdict: a keyless message dead-lettered instead of admitted is
     reason: "missing-dispatch-key",
   });
   assert.deepEqual(nonZero(verdict(p, seen, TENANTS.clean).counts), { lost: 1, dlq_extra: 1 });
+});
+
+Deno.test("chaos verdict: a sampled group with more than its limit running is overlimit, once per sample", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const over = KEYED.limit + 1;
+  seen.slots.samples.push(
+    { at: 400, groups: [group(TENANTS.poisoned, "g2", over, 0)] },
+    {
+      at: 500,
+      groups: [group(TENANTS.poisoned, "g2", over, 2), group(TENANTS.clean, "g5", over, 0)],
+    },
+  );
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { overlimit: 3, tenant_b: 1 });
+  assert.ok(v.examples.overlimit.some((e) => e.includes(`g2 at +0.4 s: ${over} running`)));
+  assert.equal(v.info.limited.maxRunning, over);
+});
+
+Deno.test("chaos verdict: a group exactly at its limit is no violation, and counts as contended when runs wait", () => {
+  const p = workload();
+  const v = verdict(p, perfect(p), TENANTS.clean);
+  assert.deepEqual(v.info.limited, {
+    samples: 3,
+    failedSamples: 1,
+    maxRunning: KEYED.limit,
+    contended: 2,
+    groups: 2,
+  });
+});
+
+Deno.test("chaos verdict: no sample at all, or a limited run stored without its group, is overlimit", () => {
+  const p = workload();
+  const seen = perfect(p);
+  seen.slots.samples = [];
+  const limited = seen.runs.find((r) =>
+    r.workflowName === KEYED.workflow && r.tenant === TENANTS.poisoned
+  )!;
+  limited.concurrencyKey = null;
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { overlimit: 2 });
+  assert.ok(v.examples.overlimit.some((e) => e.includes("the limit went unchecked")));
+});
+
+Deno.test("chaos verdict: slot counts unlike the runs are slotdrift, during the run and after the drain", () => {
+  const p = workload();
+  const seen = perfect(p);
+  // A reclaimed run counted twice: the row says 2 running, one run is.
+  seen.slots.samples.push({
+    at: 400,
+    groups: [{ ...group(TENANTS.poisoned, "g3", 1, 0), slotRunning: 2 }],
+  });
+  // After the drain: a slot never freed on the clean tenant; a row with another limit.
+  seen.slots.final = [
+    { ...group(TENANTS.clean, "g4", 0, 0), slotRunning: 1 },
+    { ...group(TENANTS.poisoned, "g6", 0, 0), maxRunning: KEYED.limit + 5 },
+  ];
+  // Runs queued with no row at all.
+  seen.slots.samples.push({
+    at: 500,
+    groups: [{ ...group(TENANTS.poisoned, "g7", 0, 2), slotRunning: null, slotQueued: null }],
+  });
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { slotdrift: 4, tenant_b: 1 });
+  assert.ok(v.examples.slotdrift.some((e) => e.includes("no concurrency_slots row")));
+  assert.ok(v.examples.slotdrift.some((e) => e.includes("after the drain")));
 });

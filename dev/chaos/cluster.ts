@@ -3,15 +3,16 @@
  * own (free ports, data in the run's directory), a database of its own
  * (`poimen_chaos_<random>`, dropped at the end) on the machine's Postgres,
  * and the real poimen processes (`deno run <task permissions> main.ts …`):
- * one API on a fixed port, two relays in one consumer group, two workers and
- * an outbox. A supervisor restarts any process that exits, as an
- * orchestrator would, and tells a crash (an exit nobody asked for) from a
- * kill. The faults themselves are methods here; when to inject them is the
+ * one API on a fixed port, two relays in one consumer group, two workers
+ * (hosting the `workflowsModule` given, or the built-ins) and an outbox. A
+ * supervisor restarts any process that exits, as an orchestrator would, and
+ * tells a crash (an exit nobody asked for) from a kill. The faults themselves are methods here; when to inject them is the
  * caller's business.
  */
 import { type BrokerOptions, brokerOptionsFromEnv, killBroker, startBroker } from "../kafka.ts";
 import { freePort, PoimenProcess, runCommand, runFlags } from "../processes.ts";
 import { createPool, type Sql } from "../../db/pool.ts";
+import { registeredWorkflows } from "./observe.ts";
 import { delay, SECOND } from "../../core/time.ts";
 
 /** What a run of the chaos harness needs to build its cluster. */
@@ -26,6 +27,10 @@ export interface ClusterOptions {
   bodyLimit: number;
   /** Really restart the Postgres cluster (pg_ctlcluster) instead of killing connections. */
   pgRestart: boolean;
+  /** The workers' `--workflows` module (an absolute path); unset: the built-ins. */
+  workflowsModule?: string;
+  /** Workflow names setUp waits for in the catalog (registered by a worker) before it resolves. */
+  workflows?: string[];
   say: (line: string) => void;
 }
 
@@ -62,6 +67,7 @@ class Slot {
   readonly name: string;
   readonly role: ProcessRole;
   readonly #env: () => Record<string, string>;
+  readonly #args: string[];
   readonly #dir: string;
   readonly #say: (line: string) => void;
   #proc: PoimenProcess | undefined;
@@ -78,10 +84,12 @@ class Slot {
     env: () => Record<string, string>,
     dir: string,
     say: (line: string) => void,
+    args: string[] = [],
   ) {
     this.name = name;
     this.role = role;
     this.#env = env;
+    this.#args = args;
     this.#dir = dir;
     this.#say = say;
   }
@@ -98,7 +106,7 @@ class Slot {
   start(): void {
     if (this.#stopping || this.running) return;
     const incarnation = ++this.#incarnation;
-    const proc = new PoimenProcess(this.role, this.#env());
+    const proc = new PoimenProcess(this.role, this.#env(), this.#args);
     this.#proc = proc;
     void proc.status().then(async (status) => {
       const lines = proc.logs();
@@ -199,7 +207,10 @@ export class Cluster {
     };
   }
 
-  /** Broker, database, migrations, tenants, tokens, topics, processes; resolves when the API is ready. */
+  /**
+   * Broker, database, migrations, tenants, tokens, topics, processes;
+   * resolves when the API is ready and `workflows` are in the catalog.
+   */
   async setUp(): Promise<void> {
     const { say } = this.#opts;
     await Deno.mkdir(`${this.#opts.dir}/logs`, { recursive: true });
@@ -220,8 +231,14 @@ export class Cluster {
     say(`database ${this.dbName}, tenants ${this.#opts.tenants.join(", ")}, topics declared`);
 
     const logs = `${this.#opts.dir}/logs`;
-    const slot = (name: string, role: ProcessRole, env: () => Record<string, string>) =>
-      new Slot(name, role, () => ({ ...this.#baseEnv(), ...env() }), logs, say);
+    const slot = (
+      name: string,
+      role: ProcessRole,
+      env: () => Record<string, string>,
+      args: string[] = [],
+    ) => new Slot(name, role, () => ({ ...this.#baseEnv(), ...env() }), logs, say, args);
+    const module = this.#opts.workflowsModule;
+    const workerArgs = module === undefined ? [] : ["--workflows", module];
     this.#slots = [
       slot("api", "api", () => ({
         PORT: String(this.apiPort),
@@ -253,7 +270,7 @@ export class Cluster {
           WORKER_LEASE_MS: "3000",
           WORKER_POLL_MS: "500",
           WORKER_RETRY_BASE_MS: "200",
-        }))
+        }), workerArgs)
       ),
       slot("outbox", "outbox", () => ({
         OUTBOX_POLL_MS: "100",
@@ -263,6 +280,7 @@ export class Cluster {
     ];
     for (const s of this.#slots) s.start();
     await this.apiReady(60 * SECOND);
+    await this.#registered(this.#opts.workflows ?? [], 60 * SECOND);
     say(`processes up: ${this.#slots.map((s) => s.name).join(", ")}; api ${this.apiUrl}`);
   }
 
@@ -287,6 +305,24 @@ export class Cluster {
       await delay(200);
     }
     throw new Error(`the api did not become ready at ${this.apiUrl}`);
+  }
+
+  /**
+   * Resolves once every workflow of `names` is in the catalog (a worker
+   * registers what it hosts as it starts): published before, a run of one
+   * would wait for the relay's unknown-workflow grace, or be dead-lettered.
+   */
+  async #registered(names: string[], timeoutMs: number): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    while (true) {
+      const known = await registeredWorkflows(this.sql, names).catch(() => new Set<string>());
+      const missing = names.filter((n) => !known.has(n));
+      if (missing.length === 0) return;
+      if (Date.now() > deadline) {
+        throw new Error(`no worker registered ${missing.join(", ")} within ${timeoutMs} ms`);
+      }
+      await delay(200);
+    }
   }
 
   /** Names of the slots of `role`. */

@@ -1,7 +1,8 @@
 /**
  * What the chaos checks look at, read from the outside: the chaos database
- * (runs, unpublished events) and the topics read back from the broker
- * (dispatch, dead letters, events), plus the relay group's lag for draining.
+ * (runs, unpublished events, concurrency groups) and the topics read back
+ * from the broker (dispatch, dead letters, events), plus the relay group's
+ * lag for draining.
  * The harness' own queries live here; poimen's runtime SQL stays in db/.
  */
 import type { Sql } from "../../db/pool.ts";
@@ -14,6 +15,9 @@ export interface RunRow {
   tenant: string;
   runId: string;
   dispatchKey: string | null;
+  workflowName: string;
+  /** The run's concurrency group (null: its workflow declares no limit). */
+  concurrencyKey: string | null;
   status: string;
   /** The seq of the last event written for the run. */
   eventSeq: number;
@@ -39,6 +43,8 @@ export async function selectRuns(sql: Sql): Promise<RunRow[]> {
       tenant_id: string;
       run_id: string;
       dispatch_key: string | null;
+      workflow_name: string;
+      concurrency_key: string | null;
       status: string;
       event_seq: number;
       marker: string | null;
@@ -46,7 +52,8 @@ export async function selectRuns(sql: Sql): Promise<RunRow[]> {
       error: string | null;
     }[]
   >`
-    select tenant_id, run_id, dispatch_key, status, event_seq, attempts,
+    select tenant_id, run_id, dispatch_key, workflow_name, concurrency_key, status, event_seq,
+           attempts,
            case when jsonb_typeof(input) = 'object' then input ->> 'chaos_keyless' end as marker,
            left(error::text, 300) as error
       from runs`;
@@ -54,11 +61,85 @@ export async function selectRuns(sql: Sql): Promise<RunRow[]> {
     tenant: r.tenant_id,
     runId: r.run_id,
     dispatchKey: r.dispatch_key,
+    workflowName: r.workflow_name,
+    concurrencyKey: r.concurrency_key,
     status: r.status,
     eventSeq: r.event_seq,
     marker: r.marker,
     attempts: r.attempts,
     error: r.error,
+  }));
+}
+
+/** Which of `names` are in the workflow catalog (some worker registered a version). */
+export async function registeredWorkflows(sql: Sql, names: string[]): Promise<Set<string>> {
+  const rows = await sql<{ name: string }[]>`
+    select distinct name from workflow_versions where name = any(${names}::text[])`;
+  return new Set(rows.map((r) => r.name));
+}
+
+/**
+ * One concurrency group (tenant, workflow, concurrency key) at one moment:
+ * its runs running and queued as the runs say, beside what its
+ * `concurrency_slots` row counts (null: no row).
+ */
+export interface SlotGroup {
+  tenant: string;
+  workflow: string;
+  key: string;
+  running: number;
+  queued: number;
+  slotRunning: number | null;
+  slotQueued: number | null;
+  /** The row's limit (null: no row). */
+  maxRunning: number | null;
+}
+
+/**
+ * Every concurrency group that has a `concurrency_slots` row or open runs,
+ * counted from the runs and from the row in one statement: one snapshot,
+ * so the two agree whenever every statement that moves a limited run moves
+ * its group's counts with it (migration 011).
+ */
+export async function selectSlotGroups(sql: Sql): Promise<SlotGroup[]> {
+  const rows = await sql<
+    {
+      tenant_id: string;
+      workflow_name: string;
+      concurrency_key: string;
+      running: number;
+      queued: number;
+      slot_running: number | null;
+      slot_queued: number | null;
+      max_running: number | null;
+    }[]
+  >`
+    with actual as (
+      select tenant_id, workflow_name, concurrency_key,
+             count(*) filter (where status = 'running')::int as running,
+             count(*) filter (where status = 'queued')::int as queued
+        from runs
+       where concurrency_key is not null and status in ('queued', 'running')
+       group by 1, 2, 3
+    )
+    select coalesce(a.tenant_id, s.tenant_id) as tenant_id,
+           coalesce(a.workflow_name, s.workflow_name) as workflow_name,
+           coalesce(a.concurrency_key, s.concurrency_key) as concurrency_key,
+           coalesce(a.running, 0) as running, coalesce(a.queued, 0) as queued,
+           s.running as slot_running, s.queued as slot_queued, s.max_running
+      from actual a
+      full join concurrency_slots s
+        on s.tenant_id = a.tenant_id and s.workflow_name = a.workflow_name
+       and s.concurrency_key = a.concurrency_key`;
+  return rows.map((r) => ({
+    tenant: r.tenant_id,
+    workflow: r.workflow_name,
+    key: r.concurrency_key,
+    running: r.running,
+    queued: r.queued,
+    slotRunning: r.slot_running,
+    slotQueued: r.slot_queued,
+    maxRunning: r.max_running,
   }));
 }
 

@@ -1,8 +1,9 @@
 /**
  * The chaos workload, decided up front from a seed: which dispatch messages
  * are published, in which order, which are redeliveries (the same bytes
- * published again), which are poison, and which keys HTTP callers race for.
- * Pure: no I/O, so a seed reproduces the same messages.
+ * published again), which are poison, which are runs of the limited
+ * workflow (and of which concurrency group), and which keys HTTP callers
+ * race for. Pure: no I/O, so a seed reproduces the same messages.
  */
 
 /** What a poison message is, and so what must become of it. */
@@ -46,6 +47,8 @@ export interface PlannedMessage {
   marker?: string;
   /** HTTP callers post the same body over `POST /v1/runs` while it is published. */
   race: boolean;
+  /** Runs of the limited workflow (KEYED): the concurrency group its input names. */
+  group?: string;
 }
 
 /** A poison message: one of the planned messages, of a poison kind. */
@@ -68,10 +71,37 @@ export interface Plan {
   keys: Map<string, Set<string>>;
   /** The poison messages, one entry each (none is republished). */
   poison: PoisonMessage[];
+  /** The limited workflow and its limit per concurrency group, as its definition declares. */
+  limited: { workflow: string; limit: number };
 }
 
-/** Share of messages on the clean tenant, of redeliveries, of poison, of raced keys. */
-export const SHARES = { clean: 0.2, redeliveries: 0.2, poison: 0.01, race: 0.1 } as const;
+/**
+ * Share of messages on the clean tenant, of redeliveries, of poison, of raced
+ * keys, and of fresh keys that are runs of the limited workflow (KEYED).
+ */
+export const SHARES = {
+  clean: 0.2,
+  redeliveries: 0.2,
+  poison: 0.01,
+  race: 0.1,
+  keyed: 0.25,
+} as const;
+
+/**
+ * The limited workflow of the workload (dev/chaos/workflows.ts defines it):
+ * at most `limit` running per tenant and value of `input.group`, one of
+ * `groups` values, so that each group is contended; each run takes `minMs`
+ * to `maxMs` (its `input.ms`), so that runs of a group overlap and a killed
+ * worker's runs hold their slots until their leases are reclaimed.
+ */
+export const KEYED = {
+  workflow: "chaos.keyed",
+  limit: 2,
+  pointer: "/group",
+  groups: 8,
+  minMs: 300,
+  maxMs: 3000,
+} as const;
 
 /** mulberry32: a small, fast, seedable PRNG (the workload, not security). */
 export function prng(seed: number): () => number {
@@ -168,6 +198,25 @@ function tenantMessages(
   for (let i = 0; i < fresh; i++) {
     const dispatchKey = `chaos-${i}`;
     keys.add(dispatchKey);
+    const race = random() < SHARES.race;
+    if (random() < SHARES.keyed) {
+      const group = `g${Math.floor(random() * KEYED.groups)}`;
+      const ms = KEYED.minMs + Math.floor(random() * (KEYED.maxMs - KEYED.minMs));
+      list.push({
+        tenant,
+        key: `${tenant}/${dispatchKey}`,
+        value: body({
+          workflow_ref: KEYED.workflow,
+          input: { i, key: dispatchKey, group, ms },
+          dispatch_key: dispatchKey,
+        }),
+        kind: "fresh",
+        dispatchKey,
+        race,
+        group,
+      });
+      continue;
+    }
     list.push({
       tenant,
       key: `${tenant}/${dispatchKey}`,
@@ -178,7 +227,7 @@ function tenantMessages(
       }),
       kind: "fresh",
       dispatchKey,
-      race: random() < SHARES.race,
+      race,
     });
   }
   for (let i = 0; i < poisonCount; i++) {
@@ -204,7 +253,9 @@ function tenantMessages(
 /**
  * The messages of a run: `messages` in all, a fifth on the clean tenant;
  * about 20 % redeliveries on each; about 1 % poison (at least one of each
- * kind) on the poisoned tenant; about 10 % of fresh keys raced over HTTP.
+ * kind) on the poisoned tenant; about 10 % of fresh keys raced over HTTP;
+ * about 25 % of fresh keys runs of the limited workflow (KEYED), over its
+ * groups on each tenant.
  */
 export function plan(opts: PlanOptions): Plan {
   const random = prng(opts.seed);
@@ -234,5 +285,5 @@ export function plan(opts: PlanOptions): Plan {
     if (random() * (left + right) < left) messages.push(a[i++]);
     else messages.push(b[j++]);
   }
-  return { messages, keys, poison };
+  return { messages, keys, poison, limited: { workflow: KEYED.workflow, limit: KEYED.limit } };
 }

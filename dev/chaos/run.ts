@@ -1,18 +1,21 @@
 /**
  * One chaos run: set up the private cluster, publish the planned messages
- * while HTTP callers race and faults fly, drain, read everything back,
- * judge, report, tear down. See dev/chaos.ts for the command.
+ * while HTTP callers race, faults fly and the sampler watches the
+ * concurrency groups, drain, read everything back, judge, report, tear
+ * down. See dev/chaos.ts for the command.
  */
 import { Cluster } from "./cluster.ts";
-import { type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
+import { KEYED, type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
 import {
   databaseBacklog,
   type DrainState,
   readTopics,
   relayLag,
   selectRuns,
+  selectSlotGroups,
   selectUnpublished,
 } from "./observe.ts";
+import { type Sampled, startSampler } from "./sampler.ts";
 import {
   COUNTERS,
   type DeadLetterSeen,
@@ -47,6 +50,10 @@ export const TENANTS = { poisoned: "chaos-a", clean: "chaos-b" } as const;
 const BODY_LIMIT = 256 * 1024;
 /** HTTP callers racing each raced key. */
 const CALLERS_PER_KEY = 2;
+/** How often the sampler reads the concurrency groups. */
+const SAMPLE_MS = 100;
+/** What the workers host: the built-ins the workload uses, and the limited workflow. */
+const WORKFLOWS_MODULE = new URL("./workflows.ts", import.meta.url).pathname;
 
 type FaultKind = "api" | "relay" | "worker" | "outbox" | "broker" | "postgres";
 const FAULT_KINDS: FaultKind[] = ["api", "relay", "worker", "outbox", "broker", "postgres"];
@@ -85,6 +92,8 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
     tenants: [TENANTS.poisoned, TENANTS.clean],
     bodyLimit: BODY_LIMIT,
     pgRestart: opts.pgRestart,
+    workflowsModule: WORKFLOWS_MODULE,
+    workflows: ["echo", KEYED.workflow],
     say,
   });
   let tornDown: Promise<void> | undefined;
@@ -126,6 +135,8 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
       postgres: 0,
     };
     let pgKilled = 0;
+    const sampler = startSampler(cluster.sql, SAMPLE_MS);
+    let sampled: Sampled | undefined;
     try {
       await Promise.all([
         publish(workload, producer, opts.seconds * SECOND, (m) => {
@@ -145,6 +156,9 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
           }
         })(),
       ]);
+    } catch (error) {
+      await sampler.stop();
+      throw error;
     } finally {
       await producer.close().catch(() => {});
     }
@@ -157,7 +171,9 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
           : ` (postgres: connection kills, ${pgKilled} backends)`),
     );
 
-    const drained = await drain(cluster, answers, opts);
+    const drained = await drain(cluster, answers, opts).finally(async () => {
+      sampled = await sampler.stop();
+    });
     // Before the relays stop: a graceful stop commits what they finished.
     const uncommitted = await relayLag(
       cluster.brokers,
@@ -170,7 +186,12 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
 
     const seen = await observe(cluster, workload);
     const crashes = cluster.crashes();
-    const result = verdict(workload, { ...seen, http, crashes, uncommitted }, TENANTS.clean);
+    const slots = { ...sampled!, final: seen.finalSlots };
+    const result = verdict(
+      workload,
+      { ...seen, http, crashes, uncommitted, slots },
+      TENANTS.clean,
+    );
     if (!drained) say(`not drained within the deadline (see stuck, unparked, dlq_missing below)`);
     for (const u of unclean) say(`unclean stop: ${u}`);
     for (const counter of COUNTERS) {
@@ -186,6 +207,14 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
         `${result.info.deadLetters} dead letters, ${result.info.parked} parked events; ` +
         `${code === 0 ? "" : `logs kept in ${dir}/logs; `}` +
         `${Math.round((Date.now() - began) / SECOND)} s`,
+    );
+    const l = result.info.limited;
+    const keyed = workload.messages.filter((m) => m.kind === "fresh" && m.group).length;
+    say(
+      `${workload.limited.workflow} (limit ${workload.limited.limit} per group): ${keyed} runs ` +
+        `over ${l.groups} groups; ${l.samples} samples every ${SAMPLE_MS} ms ` +
+        `(${l.failedSamples} failed): at most ${l.maxRunning} running in a group, ` +
+        `${l.contended} samples with a group at its limit and runs waiting`,
     );
     console.log(
       `chaos: ${workload.messages.length} msgs, ${keys} keys, ${total} faults | ` +
@@ -392,7 +421,8 @@ async function observe(cluster: Cluster, workload: Plan) {
   );
   const runs = await retrying(() => selectRuns(cluster.sql));
   const unpublished = await retrying(() => selectUnpublished(cluster.sql));
-  return { runs, events, deadLetters, dispatchCopies, unpublished };
+  const finalSlots = await retrying(() => selectSlotGroups(cluster.sql));
+  return { runs, events, deadLetters, dispatchCopies, unpublished, finalSlots };
 }
 
 /** A read of the database, retried through what is left of a connection kill. */

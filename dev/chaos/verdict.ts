@@ -5,7 +5,8 @@
  * (tests/dev_chaos_verdict_test.ts).
  */
 import type { Plan, PoisonKind, PoisonMessage } from "./plan.ts";
-import type { RunRow, UnpublishedEvent } from "./observe.ts";
+import type { RunRow, SlotGroup, UnpublishedEvent } from "./observe.ts";
+import type { SlotSample } from "./sampler.ts";
 
 /** Every invariant, in the order the summary line prints them. */
 export const COUNTERS = [
@@ -29,10 +30,22 @@ export const COUNTERS = [
   "dlq_extra",
   /** HTTP callers that got no run, an error, or another run than the key's. */
   "http",
-  /** Echo runs that ended `failed` (they have nothing to fail on). */
+  /** Runs (echo, chaos.keyed) that ended `failed` (they have nothing to fail on). */
   "failed",
   /** Processes that exited on their own (the harness restarts them, as an orchestrator would). */
   "crashes",
+  /**
+   * Samples in which a concurrency group of the limited workflow had more
+   * runs running than its limit; also a run of it stored without its group
+   * (never limited), and a run without a single sample (the limit unchecked).
+   */
+  "overlimit",
+  /**
+   * Groups whose `concurrency_slots` counts differ from their runs running
+   * and queued: per sample during the run, per group after the drain (or
+   * whose row's limit is not the definition's).
+   */
+  "slotdrift",
   /** Violations above that concern the clean tenant. */
   "tenant_b",
 ] as const;
@@ -91,6 +104,21 @@ export interface Observed {
   crashes: string[];
   /** `<topic>/<partition>` → messages the relay group has not committed past, after the drain. */
   uncommitted: Map<string, number>;
+  /** The concurrency groups: sampled while the run lasted, and read once after the drain. */
+  slots: { samples: SlotSample[]; failed: number; final: SlotGroup[] };
+}
+
+/** What the sampler saw of the limited workflow's groups: evidence the limit was exercised. */
+export interface LimitInfo {
+  samples: number;
+  /** Samples whose query failed (a Postgres fault). */
+  failedSamples: number;
+  /** The most runs one group had running in one sample. */
+  maxRunning: number;
+  /** Samples in which some group was at its limit with runs waiting. */
+  contended: number;
+  /** Distinct groups seen. */
+  groups: number;
 }
 
 export interface Verdict {
@@ -98,7 +126,13 @@ export interface Verdict {
   /** A few examples per counter that is not 0. */
   examples: Record<Counter, string[]>;
   /** Facts worth printing that are no violation. */
-  info: { parked: number; deadLetters: number; runs: number; events: number };
+  info: {
+    parked: number;
+    deadLetters: number;
+    runs: number;
+    events: number;
+    limited: LimitInfo;
+  };
 }
 
 const MAX_EXAMPLES = 5;
@@ -195,6 +229,8 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
 
   for (const c of seen.crashes) flag("crashes", "", c);
 
+  const limited = checkLimits(plan, seen, flag);
+
   for (const [partition, n] of seen.uncommitted) {
     if (n > 0) {
       const tenant = partition.split(".")[1] ?? "";
@@ -215,7 +251,91 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
       deadLetters: seen.deadLetters.length,
       runs: seen.runs.length,
       events: seen.events.length,
+      limited,
     },
+  };
+}
+
+/**
+ * The concurrency limit: no sample with more of a group's runs running
+ * than the limit, every run of the limited workflow in its planned group,
+ * and the slot counts equal to the runs (each sample is one snapshot, so
+ * they must agree at every one, not only after the drain).
+ */
+function checkLimits(plan: Plan, seen: Observed, flag: Flag): LimitInfo {
+  const { workflow, limit } = plan.limited;
+  const planned = new Map<string, string>();
+  for (const m of plan.messages) {
+    if (m.group !== undefined) planned.set(`${m.tenant}/${m.dispatchKey}`, m.group);
+  }
+  for (const r of seen.runs) {
+    if (r.workflowName !== workflow) continue;
+    const expected = planned.get(`${r.tenant}/${r.dispatchKey}`);
+    if (r.concurrencyKey === null || (expected !== undefined && r.concurrencyKey !== expected)) {
+      flag(
+        "overlimit",
+        r.tenant,
+        `run ${r.runId} (${r.dispatchKey}) of ${workflow} has concurrency key ` +
+          `${r.concurrencyKey}, expected ${expected ?? "one"}`,
+      );
+    }
+  }
+
+  const { samples, failed, final } = seen.slots;
+  if (samples.length === 0) {
+    flag(
+      "overlimit",
+      "",
+      `no sample of the concurrency groups (${failed} failed): the limit went unchecked`,
+    );
+  }
+  const label = (g: SlotGroup) => `${g.workflow}/${g.key}`;
+  const drift = (g: SlotGroup, when: string) => {
+    if (g.running === (g.slotRunning ?? 0) && g.queued === (g.slotQueued ?? 0)) return;
+    flag(
+      "slotdrift",
+      g.tenant,
+      `${label(g)} ${when}: runs say ${g.running} running, ${g.queued} queued; ` +
+        (g.slotRunning === null
+          ? "no concurrency_slots row"
+          : `concurrency_slots says ${g.slotRunning} running, ${g.slotQueued} queued`),
+    );
+  };
+  const groups = new Set<string>();
+  let maxRunning = 0, contended = 0;
+  for (const sample of samples) {
+    const when = `at +${(sample.at / 1000).toFixed(1)} s`;
+    let full = false;
+    for (const g of sample.groups) {
+      drift(g, when);
+      if (g.workflow !== workflow) continue;
+      groups.add(`${g.tenant}/${g.key}`);
+      maxRunning = Math.max(maxRunning, g.running);
+      if (g.running >= limit && g.queued > 0) full = true;
+      if (g.running > limit) {
+        flag("overlimit", g.tenant, `${label(g)} ${when}: ${g.running} running (limit ${limit})`);
+      }
+    }
+    if (full) contended++;
+  }
+  for (const g of final) {
+    drift(g, "after the drain");
+    if (g.workflow === workflow && g.maxRunning !== null && g.maxRunning !== limit) {
+      flag(
+        "slotdrift",
+        g.tenant,
+        `${
+          label(g)
+        }: concurrency_slots.max_running is ${g.maxRunning}, the definition says ${limit}`,
+      );
+    }
+  }
+  return {
+    samples: samples.length,
+    failedSamples: failed,
+    maxRunning,
+    contended,
+    groups: groups.size,
   };
 }
 
