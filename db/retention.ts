@@ -76,3 +76,39 @@ export async function purgeFinishedRuns(
   });
   return row;
 }
+
+/**
+ * Deletes up to `limit` concurrency groups (migration 011) that have nothing
+ * queued or running and were last claimed from (or, never claimed from,
+ * exist) longer than `idleMs` ago, so `concurrency_slots` holds the keys in
+ * use, not every key ever seen. Safe against the statements that move the
+ * counts: a group is deleted only while its locked row still says idle (a
+ * run admitted meanwhile makes it busy, and the delete skips it), and an
+ * admission after the delete makes the group again from its first run.
+ * Rows others hold are skipped. One small range of the table's own order
+ * per call: a maintenance statement, off every run's path.
+ */
+export async function purgeIdleConcurrencyGroups(
+  sql: Sql,
+  idleMs: number,
+  limit: number,
+): Promise<number> {
+  const [row] = await sql<{ n: number }[]>`
+    with idle as (
+      select tenant_id, workflow_name, concurrency_key from concurrency_slots
+       where queued = 0 and running = 0
+         and served_at < now() - ${idleMs}::float8 * interval '1 millisecond'
+       limit ${limit}
+         for update skip locked
+    ),
+    gone as (
+      delete from concurrency_slots s
+       using idle i
+       where s.tenant_id = i.tenant_id and s.workflow_name = i.workflow_name
+         and s.concurrency_key = i.concurrency_key
+         and s.queued = 0 and s.running = 0
+      returning 1
+    )
+    select count(*)::int as n from gone`;
+  return row.n;
+}

@@ -16,7 +16,8 @@
  * segment rolls only after segment.ms). That is checked at start-up (a
  * shorter window refuses to start) and again before every round (new
  * tenants, changed topics): a round whose window is too short purges
- * nothing and says so.
+ * nothing and says so. Each round also deletes the concurrency groups idle
+ * that long (`purgeIdleConcurrencyGroups`).
  *
  * It is a retention job, not part of shipping events, hence its own module;
  * it runs in the outbox process because that process already talks to both
@@ -29,7 +30,7 @@ import type { Logger } from "../core/log.ts";
 import { DAY } from "../core/time.ts";
 import { dispatchTopic } from "../contracts/topics.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
-import { purgeFinishedRuns } from "../db/retention.ts";
+import { purgeFinishedRuns, purgeIdleConcurrencyGroups } from "../db/retention.ts";
 import type { Sql } from "../db/pool.ts";
 
 /** How long dispatch messages stay readable, at most, and which topic says so. */
@@ -179,6 +180,10 @@ export class RunPurger extends MaintenanceService {
       }
       hooks?.onPurged?.(runs, events);
       if (runs > 0) log.info("purged finished runs", { runs, events });
+      // Concurrency groups idle as long as a finished run is kept: their
+      // keys are not in use any more.
+      const groups = await purgeIdleConcurrencyGroups(this.#sql, retentionMs, batchSize);
+      if (groups > 0) log.info("purged idle concurrency groups", { groups });
       if (this.#failing) log.info("run purge works again");
       this.#failing = false;
     } catch (error) {

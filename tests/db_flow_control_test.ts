@@ -15,6 +15,7 @@ import { requestCancel } from "../db/cancellation.ts";
 import { type ClaimedRun, claimLimitedRuns, claimRuns } from "../db/claims.ts";
 import { reclaimExpired } from "../db/leases.ts";
 import { selectRun } from "../db/runs.ts";
+import { purgeIdleConcurrencyGroups } from "../db/retention.ts";
 import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
@@ -384,5 +385,29 @@ Deno.test("catalog: a version's concurrency limit is part of its definition — 
     assert.equal(unlimited.same, false);
   } finally {
     await db.drop();
+  }
+});
+
+Deno.test("retention: idle concurrency groups are purged, busy ones kept, and a key used again starts a fresh group", async () => {
+  const s = await setup();
+  try {
+    const done = await s.admit("acme", "shop.sync", { customer_id: "idle", n: 0 });
+    await s.admit("acme", "shop.sync", { customer_id: "busy", n: 0 });
+    await s.admit("acme", "shop.sync", { customer_id: "busy", n: 1 });
+    const claimed = await claimLimited(s.db.sql, "w1", 4);
+    assert.equal(claimed.length, 2);
+    const idle = claimed.find((r) => r.run_id === done)!;
+    assert.ok(await completeRun(s.db.sql, "acme", idle.run_id, "w1", idle.attempts, 1));
+    // Idle for a day: nothing yet.
+    assert.equal(await purgeIdleConcurrencyGroups(s.db.sql, 24 * 3600_000, 100), 0);
+    assert.equal(await purgeIdleConcurrencyGroups(s.db.sql, 0, 100), 1);
+    const keys = await s.db.sql<{ concurrency_key: string }[]>`
+      select concurrency_key from concurrency_slots order by 1`;
+    assert.deepEqual(keys.map((k) => k.concurrency_key), ["busy"]);
+    await s.admit("acme", "shop.sync", { customer_id: "idle", n: 1 });
+    assert.equal((await claimLimited(s.db.sql, "w1", 4)).length, 1, "idle's new run starts");
+    assert.deepEqual(await countDrift(s.db.sql), []);
+  } finally {
+    await s.db.drop();
   }
 });
