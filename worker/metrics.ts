@@ -86,7 +86,8 @@ export function createWorkerMetrics(
   });
   new client.Gauge({
     name: "poimen_queue_oldest_due_age_seconds",
-    help: "Age of the oldest queued run that is due (0 when none): how far behind the workers are",
+    help:
+      "Age of the oldest of the tenants' next due runs (highest priority first; 0 when none): how far behind the workers are",
     registers,
     async collect() {
       const s = await fresh();
