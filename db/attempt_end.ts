@@ -19,6 +19,10 @@ function toJson(value: unknown): postgres.JSONValue {
 // A limited run that leaves `running` frees its group's slot; one that goes
 // back to the queue is queued in its group again (db/queue_sql.ts).
 const SUCCEEDED_SLOTS = slotCountMoves("upd", "-1", "0");
+// A batch of unlimited runs only: no concurrency counts to move, so the
+// statement (prepared apart, being another text) skips their CTEs, the
+// completion path of every unlimited run staying what it was.
+const NO_SLOTS = "no_slots as (select 1)";
 const ENDED_SLOTS = slotCountMoves(
   "upd",
   "-1",
@@ -37,6 +41,12 @@ export interface Completion {
    * by Postgres.
    */
   result_json: string;
+  /**
+   * false when the run is known not to be limited (its claim said it has no
+   * concurrency key): a batch of only such runs is written without the
+   * statement's concurrency counts. Unset: it may be, and they are moved.
+   */
+  limited?: boolean;
 }
 
 /**
@@ -129,7 +139,7 @@ export async function completeRuns(
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.event_seq,
                 runs.attempts, runs.result, runs.workflow_name, runs.concurrency_key
     ),
-    ${sql.unsafe(SUCCEEDED_SLOTS)},
+    ${sql.unsafe(completions.every((c) => c.limited === false) ? NO_SLOTS : SUCCEEDED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.succeeded', goal_id, dispatch_key,

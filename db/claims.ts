@@ -21,6 +21,8 @@ export interface ClaimedRun {
   lease_expires_at: Date;
   /** The run's W3C trace (core/tracing.ts): the attempt is a span in it. */
   traceparent?: string | null;
+  /** Its concurrency group's key when its version is limited; null: not limited. */
+  concurrency_key?: string | null;
 }
 
 /**
@@ -134,7 +136,7 @@ export async function claimRuns(
       returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
                 runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
                 runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
-                runs.traceparent
+                runs.traceparent, runs.concurrency_key
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
@@ -143,7 +145,7 @@ export async function claimRuns(
         from claimed
     )
     select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent
+           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
       from claimed`;
 }
 
@@ -305,6 +307,6 @@ export async function claimLimitedRuns(
         from claimed
     )
     select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent
+           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
       from claimed`;
 }

@@ -87,6 +87,7 @@ export class Finisher {
       run_id: run.run_id,
       attempt: run.attempts,
       result_json: encoded.json,
+      limited: run.concurrency_key != null,
     };
     const ok = await this.#write(attempt, () => this.#completions.submit(completion));
     hooks.onFinished?.(ok ? "succeeded" : "lost");

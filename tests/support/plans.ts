@@ -165,6 +165,22 @@ export function hotStatements(s: Sample): HotStatement[] {
       indexes: { runs: ["runs_pkey"] },
     },
     {
+      name: "queue: completeRuns, a batch of unlimited runs (no concurrency counts)",
+      call: (sql) =>
+        completeRuns(
+          sql,
+          s.owner,
+          Array.from({ length: 16 }, (_, i) => ({
+            tenant_id: s.tenant,
+            run_id: i === 0 ? s.runningRun : crypto.randomUUID(),
+            attempt: i === 0 ? s.attempt : 1,
+            result_json: "null",
+            limited: false,
+          })),
+        ),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
       name: "queue: failAttempt",
       call: (sql) =>
         failAttempt(
