@@ -35,6 +35,48 @@ export interface HostedVersions {
 }
 
 /**
+ * The CTE `claimed`: the rows of a CTE `picked` (whole `runs` rows, locked
+ * by the statement) made `running` under `owner`'s lease, their attempt
+ * counted. Updated through `INSERT … ON CONFLICT (tenant_id, run_id) DO
+ * UPDATE`, which always conflicts (each row exists and is locked by this
+ * statement): the executor finds each row by probing the primary key. An
+ * `UPDATE … FROM` the picked rows is a join the planner may hash over a
+ * sequential scan of `runs` when the table looks small, and a prepared
+ * statement keeps that plan as the table grows.
+ */
+function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
+  return sql`claimed as (
+  insert into runs select * from picked
+  on conflict (tenant_id, run_id) do update
+     set status = 'running',
+         attempts = runs.attempts + 1,
+         lease_owner = ${owner},
+         lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
+         started_at = coalesce(runs.started_at, now()),
+         updated_at = now(),
+         event_seq = runs.event_seq + 1
+   where runs.status = 'queued'
+  returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
+            runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
+            runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
+            runs.traceparent, runs.concurrency_key
+)`;
+}
+
+/** Each claimed run's `run.started` event `{attempt, worker}`, then the claimed runs. */
+function startedEventsOfClaimed(sql: Sql, owner: string) {
+  return sql`ev as (
+  insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+  select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
+         jsonb_build_object('attempt', attempts, 'worker', ${owner}::text), now()
+    from claimed
+)
+select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
+       dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
+  from claimed`;
+}
+
+/**
  * Claims up to `limit` due queued runs of the `hosted` versions (none with a
  * concurrency limit: see `claimLimitedRuns`) for `owner`, fairly across
  * tenants:
@@ -53,16 +95,10 @@ export interface HostedVersions {
  * LOCKED`); a tenant with fewer due runs than its share leaves those slots
  * empty until the next claim. One tenant alone gets every slot. The cost is
  * one index probe per tenant with queued runs and hosted version, one per
- * run in flight of the tenants in line and one per claimed run. Runs of versions this worker does
- * not host are never read: they wait, with no attempt spent, for a worker
- * that hosts them.
- *
- * The claimed rows are updated through `INSERT … ON CONFLICT (tenant_id,
- * run_id) DO UPDATE`, which always conflicts (each row exists and is locked
- * by this statement): the executor finds each row by probing the primary
- * key. An `UPDATE … FROM` the claimed rows is a join the planner may hash
- * over a sequential scan of `runs` when the table looks small, and a
- * prepared statement keeps that plan as the table grows.
+ * run in flight of the tenants in line and one per claimed run. Runs of
+ * versions this worker does not host are never read: they wait, with no
+ * attempt spent, for a worker that hosts them. The claimed rows are updated
+ * by primary-key probes (`claimedFromPicked`).
  */
 export async function claimRuns(
   sql: Sql,
@@ -122,31 +158,8 @@ export async function claimRuns(
               order by o.priority desc, o.run_after
               limit s.share) c
     ),
-    claimed as (
-      insert into runs select * from picked
-      on conflict (tenant_id, run_id) do update
-         set status = 'running',
-             attempts = runs.attempts + 1,
-             lease_owner = ${owner},
-             lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
-             started_at = coalesce(runs.started_at, now()),
-             updated_at = now(),
-             event_seq = runs.event_seq + 1
-       where runs.status = 'queued'
-      returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
-                runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
-                runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
-                runs.traceparent, runs.concurrency_key
-    ),
-    ev as (
-      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
-             jsonb_build_object('attempt', attempts, 'worker', ${owner}::text), now()
-        from claimed
-    )
-    select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
-      from claimed`;
+    ${claimedFromPicked(sql, owner, leaseMs)},
+    ${startedEventsOfClaimed(sql, owner)}`;
 }
 
 // A claimed run is running in its group, no longer queued; the group goes
@@ -270,22 +283,7 @@ export async function claimLimitedRuns(
                 from candidates x join shares sh on sh.tenant_id = x.tenant_id) p
        where p.turn <= p.share
     ),
-    claimed as (
-      insert into runs select * from picked
-      on conflict (tenant_id, run_id) do update
-         set status = 'running',
-             attempts = runs.attempts + 1,
-             lease_owner = ${owner},
-             lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
-             started_at = coalesce(runs.started_at, now()),
-             updated_at = now(),
-             event_seq = runs.event_seq + 1
-       where runs.status = 'queued'
-      returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
-                runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
-                runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
-                runs.traceparent, runs.concurrency_key
-    ),
+    ${claimedFromPicked(sql, owner, leaseMs)},
     ${sql.unsafe(CLAIMED_SLOTS)},
     -- Every group looked at goes to the back of its tenant's line, also one
     -- that had nothing due (its runs wait for their run_after).
@@ -300,13 +298,5 @@ export async function claimLimitedRuns(
       on conflict (tenant_id, workflow_name, concurrency_key) do update
          set served_at = now()
     ),
-    ev as (
-      insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
-             jsonb_build_object('attempt', attempts, 'worker', ${owner}::text), now()
-        from claimed
-    )
-    select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-           dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
-      from claimed`;
+    ${startedEventsOfClaimed(sql, owner)}`;
 }

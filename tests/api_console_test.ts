@@ -10,7 +10,7 @@ import client from "prom-client";
 import { freshDatabase, type TestDatabase } from "./support/db.ts";
 import { silentLogger } from "../core/log.ts";
 import { Admission } from "../admission/admit.ts";
-import { catalogOf } from "./support/catalog.ts";
+import { catalogOf, limitedRegistry } from "./support/catalog.ts";
 import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
@@ -24,8 +24,6 @@ import { createPool } from "../db/pool.ts";
 import { setTenantQuota } from "../db/tenant_quotas.ts";
 import { type ClaimedRun, claimLimitedRuns } from "../db/claims.ts";
 import { completeRun } from "../db/attempt_end.ts";
-import { defineWorkflow } from "../workflows/define.ts";
-import { z } from "zod";
 
 const SCRIPT = "<script>alert(1)</script>";
 const IMG = `"><img src=x onerror=alert(2)>`;
@@ -39,15 +37,8 @@ interface World {
   watch?: RunWatch;
 }
 
-/** A workflow limited to one running run per customer: the catalog's only limited one. */
-const perCustomer = defineWorkflow({
-  name: "shop.sync",
-  version: 1,
-  input: z.object({ customer_id: z.string(), n: z.number() }),
-  concurrency: { limit: 1, key: "/customer_id" },
-  handler: () => Promise.resolve(null),
-});
-const REGISTRY = builtinRegistry().register(perCustomer);
+// shop.sync, limited to one running run per customer: the catalog's only limited one.
+const REGISTRY = limitedRegistry();
 
 /** With `live`, the API has a started RunWatch (stopped by `close`). */
 async function world(live = false): Promise<World> {

@@ -20,18 +20,11 @@ import { registerVersions, renewWorker } from "../db/catalog.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { defineWorkflow } from "../workflows/define.ts";
-import { catalogOf } from "./support/catalog.ts";
+import { catalogOf, perCustomer } from "./support/catalog.ts";
 import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 
 const LEASE_MS = 30_000;
 
-const perCustomer = defineWorkflow({
-  name: "shop.sync",
-  version: 1,
-  input: z.object({ customer_id: z.string(), n: z.number() }),
-  concurrency: { limit: 1, key: "/customer_id" },
-  handler: () => Promise.resolve(null),
-});
 const perTenant = defineWorkflow({
   name: "shop.batch",
   version: 1,

@@ -17,10 +17,7 @@ import { createWorkerMetrics } from "../worker/metrics.ts";
 import { completeRun } from "../db/attempt_end.ts";
 import { claimLimitedRuns } from "../db/claims.ts";
 import { Admission } from "../admission/admit.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
-import { defineWorkflow } from "../workflows/define.ts";
-import { z } from "zod";
-import { catalogOf } from "./support/catalog.ts";
+import { catalogOf, limitedRegistry } from "./support/catalog.ts";
 import { freshDatabase } from "./support/db.ts";
 
 const WAITING = /^poimen_runs_waiting_for_worker\{workflow="([^"]+)"\} (\d+)$/gm;
@@ -154,14 +151,7 @@ Deno.test("worker metrics: the runs a full concurrency group holds back and the 
   const db = await freshDatabase();
   const sql = db.sql;
   try {
-    const perCustomer = defineWorkflow({
-      name: "shop.sync",
-      version: 1,
-      input: z.object({ customer_id: z.string(), n: z.number() }),
-      concurrency: { limit: 1, key: "/customer_id" },
-      handler: () => Promise.resolve(null),
-    });
-    const registry = builtinRegistry().register(perCustomer);
+    const registry = limitedRegistry();
     for (const t of ["acme", "globex"]) await insertTenant(sql, t);
     const admission = new Admission(sql, catalogOf(registry), { maxBatch: 8, maxConcurrent: 1 });
     const admit = (tenantId: string, customer_id: string, n: number) =>

@@ -544,11 +544,15 @@ async function queriesSince(sql: Sql, application: string, since: string): Promi
   const rows = await sql<{ query: string }[]>`
     select query from pg_stat_activity
      where application_name = ${application} and query_start > ${since}::timestamptz`;
-  // The listen session's last statement is its own `unlisten`, awaited by
-  // stop(); its query_start has been seen stamped after stop() returned (2 of
-  // ~10 full runs, under load), so it is left out: an unlisten is not a
-  // stopped worker polling, which is what this looks for.
-  return rows.map((r) => r.query).filter((q) => !/^\s*unlisten\b/i.test(q));
+  // The last statements of stop() itself — the listen session's `unlisten`
+  // and the delete of the worker's liveness row, both awaited by stop() —
+  // have been seen with a query_start stamped after stop() returned (under
+  // load: the unlisten 2 of ~10 full runs, the delete once), so they are
+  // left out: neither is a stopped worker polling, which is what this looks
+  // for.
+  return rows.map((r) => r.query).filter((q) =>
+    !/^\s*unlisten\b/i.test(q) && !/^\s*delete from workflow_workers\b/i.test(q)
+  );
 }
 
 Deno.test("worker: stop twice is safe, and once stopped it sends no query and claims nothing", async () => {

@@ -6,9 +6,10 @@
  * one API on a fixed port, two relays in one consumer group, two workers
  * (hosting the `workflowsModule` given, or the built-ins) and an outbox. A
  * supervisor restarts any process that exits, as an orchestrator would, and
- * tells a crash (an exit nobody asked for) from a kill. The faults themselves are methods here; when to inject them is the
- * caller's business.
+ * tells a crash (an exit nobody asked for) from a kill. The faults themselves
+ * are methods here; when to inject them is the caller's business.
  */
+import { restartPostgresCluster } from "./postgres_restart.ts";
 import { type BrokerOptions, brokerOptionsFromEnv, killBroker, startBroker } from "../kafka.ts";
 import { freePort, PoimenProcess, runCommand, runFlags } from "../processes.ts";
 import { createPool, type Sql } from "../../db/pool.ts";
@@ -427,25 +428,5 @@ export class Cluster {
     await this.#admin?.end({ timeout: 1 }).catch(() => {});
     this.#admin = undefined;
     await Deno.remove(this.broker.dir, { recursive: true }).catch(() => {});
-  }
-}
-
-/** `pg_ctlcluster <newest version> main restart -m immediate`, then waits until it answers. */
-async function restartPostgresCluster(): Promise<void> {
-  const versions = [...Deno.readDirSync("/etc/postgresql")].map((e) => e.name).sort();
-  const out = await new Deno.Command("pg_ctlcluster", {
-    args: [
-      "--skip-systemctl-redirect",
-      versions[versions.length - 1],
-      "main",
-      "restart",
-      "-m",
-      "immediate",
-    ],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!out.success) {
-    throw new Error(`pg_ctlcluster restart failed: ${new TextDecoder().decode(out.stderr).trim()}`);
   }
 }
