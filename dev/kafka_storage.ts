@@ -63,17 +63,32 @@ export async function ensureJars(opts: BrokerFiles, report: (line: string) => vo
   if (have.trim() === want) return;
   report(`downloading Kafka jars from Maven Central into ${libs}`);
   const started = performance.now();
-  await Deno.remove(libs, { recursive: true }).catch(() => {});
-  await run("mvn", [
-    "-q",
-    "-B",
-    "-f",
-    POM,
-    "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
-    "-DincludeScope=runtime",
-    `-DoutputDirectory=${libs}`,
-  ], "mvn copy-dependencies");
-  await Deno.writeTextFile(marker, want + "\n");
+  // Copied into a folder of this call's own, then renamed into place: test
+  // files starting brokers at once in a fresh checkout each copy, and two
+  // copies into one folder were seen to fail each other ("Failed to copy
+  // full contents"). The first complete copy wins; the others are dropped.
+  const staging = `${libs}.${crypto.randomUUID().slice(0, 8)}.partial`;
+  try {
+    await run("mvn", [
+      "-q",
+      "-B",
+      "-f",
+      POM,
+      "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
+      "-DincludeScope=runtime",
+      `-DoutputDirectory=${staging}`,
+    ], "mvn copy-dependencies");
+    await Deno.writeTextFile(`${staging}/.pom-sha256`, want + "\n");
+    if ((await Deno.readTextFile(marker).catch(() => "")).trim() !== want) {
+      await Deno.remove(libs, { recursive: true }).catch(() => {});
+      await Deno.rename(staging, libs).catch(async (error) => {
+        // Another copy took the place meanwhile: fine if it is complete.
+        if ((await Deno.readTextFile(marker).catch(() => "")).trim() !== want) throw error;
+      });
+    }
+  } finally {
+    await Deno.remove(staging, { recursive: true }).catch(() => {});
+  }
   report(`jars ready in ${((performance.now() - started) / SECOND).toFixed(1)} s`);
 }
 

@@ -7,6 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { freePort } from "./support/processes.ts";
+import { ensureJars } from "../dev/kafka_storage.ts";
 import {
   brokerAddress,
   brokerAnswers,
@@ -77,6 +78,21 @@ Deno.test("dev kafka: status of a broker that is not running is 'stopped' with e
     const opts = brokerOptionsFromEnv(env);
     assert.equal(await brokerRunning(opts), undefined);
     assert.equal(await brokerAnswers(brokerAddress(opts)), false);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("dev kafka: two brokers' jar copies into one fresh folder at once both succeed and leave one complete copy", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "poimen-jars-" });
+  const files = { port: 0, controllerPort: 0, dir, libs: `${dir}/libs`, heap: "256m" };
+  try {
+    await Promise.all([ensureJars(files, () => {}), ensureJars(files, () => {})]);
+    const names = [...Deno.readDirSync(dir)].map((e) => e.name);
+    assert.deepEqual(names, ["libs"], "no staging folder is left behind");
+    const jars = [...Deno.readDirSync(files.libs)].filter((e) => e.name.endsWith(".jar"));
+    assert.ok(jars.some((j) => j.name.startsWith("kafka-storage-")), "the classpath is there");
+    assert.ok((await Deno.readTextFile(`${files.libs}/.pom-sha256`)).trim().length === 64);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
