@@ -3,7 +3,7 @@
  * lease (see db/queue_sql.ts for the queue as a whole).
  */
 import type { Sql } from "./pool.ts";
-import { EVENT_COLUMNS, QUEUED_TENANTS, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS, QUEUED_TENANTS, slotCountMoves, tenantScan } from "./queue_sql.ts";
 
 /** A run a worker just claimed: what it needs to execute it. */
 export interface ClaimedRun {
@@ -164,6 +164,11 @@ export async function claimRuns(
 
 // A claimed run is running in its group, no longer queued; the group goes
 // to the back of its tenant's line.
+const READY_TENANTS = tenantScan(
+  "ready_tenants",
+  "concurrency_slots",
+  "queued > 0 and running < max_running",
+);
 const CLAIMED_SLOTS = slotCountMoves("claimed", "1", "-1", "served_at = now()");
 
 /**
@@ -198,18 +203,7 @@ export async function claimLimitedRuns(
     names as (select distinct name from versions),
     -- The tenants with a group that has queued runs and room: a loose scan
     -- of concurrency_slots_ready_idx's leading column, one probe per tenant.
-    ready_tenants (tenant_id) as (
-      (select tenant_id collate "C" from concurrency_slots
-        where queued > 0 and running < max_running
-        order by tenant_id collate "C" limit 1)
-      union all
-      select (select s.tenant_id collate "C" from concurrency_slots s
-               where s.queued > 0 and s.running < s.max_running
-                 and s.tenant_id collate "C" > t.tenant_id
-               order by s.tenant_id collate "C" limit 1)
-        from ready_tenants t
-       where t.tenant_id is not null
-    ),
+    ${sql.unsafe(READY_TENANTS)},
     -- Each such tenant's least recently served ready group of a hosted workflow.
     heads as (
       select t.tenant_id, h.served_at

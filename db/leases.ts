@@ -5,7 +5,13 @@
  */
 import type { Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
-import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS, slotCountMoves, tenantScan } from "./queue_sql.ts";
+
+const RUNNING_TENANTS = tenantScan(
+  "running_tenants",
+  "runs",
+  "status = 'running' and lease_expires_at is not null",
+);
 
 const RECLAIMED_SLOTS = slotCountMoves(
   "upd",
@@ -44,18 +50,7 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
     with recursive
     -- The tenants with running runs: a loose scan of runs_running_tenant_idx's
     -- leading column, one probe per tenant.
-    running_tenants (tenant_id) as (
-      (select tenant_id collate "C" from runs
-        where status = 'running' and lease_expires_at is not null
-        order by tenant_id collate "C" limit 1)
-      union all
-      select (select r.tenant_id collate "C" from runs r
-               where r.status = 'running' and r.lease_expires_at is not null
-                 and r.tenant_id collate "C" > t.tenant_id
-               order by r.tenant_id collate "C" limit 1)
-        from running_tenants t
-       where t.tenant_id is not null
-    ),
+    ${sql.unsafe(RUNNING_TENANTS)},
     -- Each tenant's expired leases, oldest first: one range each.
     expired as (
       select e.*

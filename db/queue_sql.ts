@@ -42,17 +42,30 @@ export const EVENT_COLUMNS = "tenant_id, run_id, seq, type, goal_id, dispatch_ke
  * long its queue), ending with a null row. Collation "C" is the index's: no
  * other index can serve the probes (see migrations/003).
  */
-export const QUEUED_TENANT_SCAN = `queued_tenants (tenant_id) as (
-      (select tenant_id collate "C" from runs
-        where status = 'queued'
+export const QUEUED_TENANT_SCAN = tenantScan("queued_tenants", "runs", "status = 'queued'");
+
+/**
+ * A CTE for a `with recursive`: `name (tenant_id)`, the tenants with rows of
+ * `table` where `predicate` holds (written for rows of `table` unqualified,
+ * its columns bare), in collation "C" order, ending with a null row: a loose
+ * index scan of a partial index with that predicate led by `tenant_id
+ * collate "C"`, one probe per tenant however many rows each has. The one
+ * shape of "which tenants have work of this kind" (queued runs, running
+ * runs, concurrency groups with room).
+ */
+export function tenantScan(name: string, table: string, predicate: string): string {
+  return `${name} (tenant_id) as (
+      (select tenant_id collate "C" from ${table}
+        where ${predicate}
         order by tenant_id collate "C" limit 1)
       union all
-      select (select r.tenant_id collate "C" from runs r
-               where r.status = 'queued' and r.tenant_id collate "C" > t.tenant_id
-               order by r.tenant_id collate "C" limit 1)
-        from queued_tenants t
+      select (select tenant_id collate "C" from ${table}
+               where ${predicate} and tenant_id collate "C" > t.tenant_id
+               order by tenant_id collate "C" limit 1)
+        from ${name} t
        where t.tenant_id is not null
     )`;
+}
 
 /**
  * Two CTEs for a `with recursive`: `queued_tenants` (QUEUED_TENANT_SCAN)

@@ -209,14 +209,15 @@ export class Worker implements Service {
     // is not missed; if Postgres is down, polling carries on meanwhile.
     await this.#listener.start();
     const { id, concurrency, leaseMs, pollMs } = this.#opts;
+    const hosted = this.#registry.hostedByLimit();
     this.#loops.push(claimLoop({
       sql: this.#sql,
       owner: id,
       concurrency,
       leaseMs,
       pollMs,
-      hosted: this.#registry.hostedByLimit().unlimited,
-      limited: this.#registry.hostedByLimit().limited,
+      hosted: hosted.unlimited,
+      limited: hosted.limited,
       log: this.#log,
       sleep: this.#sleep,
       stopping: this.#stopping.signal,
