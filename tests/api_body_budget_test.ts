@@ -1,7 +1,8 @@
 /**
  * api/body_budget.ts on its own: bytes are granted first come, first served,
  * given back once, and a request that cannot get its share in time is
- * refused with a retryable `busy`.
+ * refused with a retryable `busy`; one tenant holds at most its share,
+ * tenants leave the service reserve, and a caller waits only behind its own.
  */
 import assert from "node:assert/strict";
 import { BodyBudget } from "../api/body_budget.ts";
@@ -176,4 +177,45 @@ Deno.test("body budget: a waiting request whose client goes away leaves the queu
   held();
   (await next)();
   assert.equal(budget.free, 100);
+});
+
+Deno.test("body budget: however tenants and service tokens mix, what is held stays within the total and each share", async () => {
+  const budget = new BodyBudget(1000, { tenantBytes: 300, serviceBytes: 200 });
+  const tenants = ["a", "b", "c", "d", undefined];
+  let seed = 27;
+  const random = (n: number) => (seed = (seed * 1103515245 + 12345) % 2 ** 31) % n;
+  const held: (() => void)[] = [];
+  const pending: Promise<void>[] = [];
+  let granted = 0;
+  const check = () => {
+    assert.ok(budget.free >= 0 && budget.free <= budget.total, `free ${budget.free}`);
+    let tenantsHeld = 0;
+    for (const t of tenants.slice(0, 4)) {
+      assert.ok(budget.heldBy(t!) <= budget.tenantShare, `${t} holds ${budget.heldBy(t!)}`);
+      tenantsHeld += budget.heldBy(t!);
+    }
+    assert.ok(tenantsHeld <= budget.total - budget.serviceReserve, `tenants hold ${tenantsHeld}`);
+  };
+  for (let i = 0; i < 2_000; i++) {
+    if (held.length > 0 && random(3) === 0) {
+      held.splice(random(held.length), 1)[0]();
+    } else {
+      pending.push(
+        budget.acquire(1 + random(400), 60_000, tenants[random(tenants.length)]).then((r) => {
+          granted++;
+          held.push(r);
+          check();
+        }),
+      );
+    }
+    check();
+    await settle();
+  }
+  while (held.length > 0 || budget.waiting > 0) {
+    held.pop()?.();
+    await settle();
+  }
+  await Promise.all(pending);
+  assert.equal(granted, pending.length, "every request was granted in the end");
+  assert.equal(budget.free, budget.total);
 });
