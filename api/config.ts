@@ -1,6 +1,7 @@
 /** The API process's configuration, read once from the environment. */
 import { z } from "zod";
 import { databaseEnv, logEnv, millis, port, positiveInt, readEnv } from "../core/config.ts";
+import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 
 export const ApiEnv = z.object({
@@ -17,6 +18,19 @@ export const ApiEnv = z.object({
    */
   BODY_BUDGET_BYTES: positiveInt(4 * 1024 * 1024),
   BODY_BUDGET_WAIT_MS: millis(5 * SECOND),
+  /**
+   * Most of the budget one tenant's requests hold at once, so that one
+   * tenant's slow or idle uploads cannot delay another's (its own further
+   * requests wait). Default: a quarter of BODY_BUDGET_BYTES, at least
+   * BODY_LIMIT_BYTES (at most BODY_BUDGET_BYTES).
+   */
+  BODY_BUDGET_TENANT_BYTES: z.coerce.number().int().positive().optional(),
+  /**
+   * Bytes of the budget tenants' requests leave to service tokens' (the
+   * relay's), so HTTP callers cannot starve the relay's admissions. Default:
+   * one tenant share, when the budget has room for it beside one.
+   */
+  BODY_BUDGET_SERVICE_BYTES: z.coerce.number().int().nonnegative().optional(),
   /** A body not all arrived within this is refused (408), giving its share of the budget back. */
   BODY_READ_TIMEOUT_MS: millis(10 * SECOND),
   /** How long a verified token is trusted without asking the database again. */
@@ -51,8 +65,27 @@ export const ApiEnv = z.object({
    */
   QUOTA_REFRESH_MS: positiveInt(1 * SECOND),
 });
-export type ApiConfig = z.infer<typeof ApiEnv>;
+export type ApiConfig = z.infer<typeof ApiEnv> & {
+  BODY_BUDGET_TENANT_BYTES: number;
+  BODY_BUDGET_SERVICE_BYTES: number;
+};
 
 export function readApiConfig(env: Record<string, string | undefined>): ApiConfig {
-  return readEnv(ApiEnv, env);
+  const config = readEnv(ApiEnv, env);
+  const total = config.BODY_BUDGET_BYTES;
+  const tenant = config.BODY_BUDGET_TENANT_BYTES ??
+    Math.min(total, Math.max(config.BODY_LIMIT_BYTES, Math.floor(total / 4)));
+  if (tenant > total) {
+    throw new ConfigError(
+      `config: BODY_BUDGET_TENANT_BYTES is invalid: ${tenant} exceeds BODY_BUDGET_BYTES (${total})`,
+    );
+  }
+  const service = config.BODY_BUDGET_SERVICE_BYTES ?? Math.min(tenant, total - tenant);
+  if (service > total - tenant) {
+    throw new ConfigError(
+      `config: BODY_BUDGET_SERVICE_BYTES is invalid: ${service} leaves tenants less than ` +
+        `one BODY_BUDGET_TENANT_BYTES (${tenant}) of BODY_BUDGET_BYTES (${total})`,
+    );
+  }
+  return { ...config, BODY_BUDGET_TENANT_BYTES: tenant, BODY_BUDGET_SERVICE_BYTES: service };
 }

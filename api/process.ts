@@ -98,7 +98,12 @@ export async function main(args: string[]): Promise<number> {
     log,
     bodyLimit: config.BODY_LIMIT_BYTES,
     bodyBudget: {
-      bytes: metrics.watchBodyBudget(new BodyBudget(config.BODY_BUDGET_BYTES)),
+      bytes: metrics.watchBodyBudget(
+        new BodyBudget(config.BODY_BUDGET_BYTES, {
+          tenantBytes: config.BODY_BUDGET_TENANT_BYTES,
+          serviceBytes: config.BODY_BUDGET_SERVICE_BYTES,
+        }),
+      ),
       waitMs: config.BODY_BUDGET_WAIT_MS,
       readTimeoutMs: config.BODY_READ_TIMEOUT_MS,
     },

@@ -5,6 +5,7 @@ import type { z } from "zod";
 import { type FieldError, PoimenError } from "../core/errors.ts";
 import { formatPath } from "../contracts/runs.ts";
 import type { BodyBudget } from "./body_budget.ts";
+import type { Principal } from "./auth.ts";
 
 /**
  * Refuses a body that is not JSON by its content type (415): the type must be
@@ -29,9 +30,10 @@ export const requireJson: MiddlewareHandler = async (c, next) => {
  * hono's `bodyLimit`, refusing with our 413 problem: by Content-Length when
  * there is one, otherwise while it reads the streamed body (it stops at the
  * limit and never buffers more). With a `budget`, the request first takes
- * its Content-Length (or, streamed, the whole limit) from it and holds it
- * until its response is ready; one that cannot get it within
- * `budget.waitMs` is refused with a retryable 503 (`busy`).
+ * its Content-Length (or, streamed, the whole limit) from it, charged to its
+ * tenant's share (a service token's to none), and holds it until its
+ * response is ready; one that cannot get it within `budget.waitMs` is
+ * refused with a retryable 503 (`busy`).
  */
 export function limitBody(
   maxSize: number,
@@ -65,9 +67,13 @@ export function limitBody(
     // Over the limit by its own account: refused at once, nothing to hold.
     if (declared > maxSize) return await limited(c, next);
     const bytes = Number.isInteger(declared) && declared >= 0 ? declared : maxSize;
+    // Charged to the tenant's share; a service token's (the relay's) to none.
+    // /v1's authentication has run: the caller is known before any byte is read.
+    const principal = c.get("principal") as Principal | undefined;
+    const tenant = principal?.kind === "service" ? undefined : principal?.tenantId ?? "";
     // The common case takes its share without a promise or a timer.
-    const release = budget.bytes.tryAcquire(bytes) ??
-      await budget.bytes.acquire(bytes, budget.waitMs);
+    const release = budget.bytes.tryAcquire(bytes, tenant) ??
+      await budget.bytes.acquire(bytes, budget.waitMs, tenant, c.req.raw.signal);
     // A handler that has parsed the body and then waits gives it back early.
     c.set("releaseBody", release);
     try {

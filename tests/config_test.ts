@@ -10,6 +10,8 @@ const CASES: [command: string, env: Record<string, string>, variable: string][] 
   ["api", { DATABASE_URL: "not a url" }, "DATABASE_URL"],
   ["api", { BODY_LIMIT_BYTES: "-1" }, "BODY_LIMIT_BYTES"],
   ["api", { QUOTA_REFRESH_MS: "0" }, "QUOTA_REFRESH_MS"],
+  ["api", { BODY_BUDGET_TENANT_BYTES: "5000000" }, "BODY_BUDGET_TENANT_BYTES"],
+  ["api", { BODY_BUDGET_SERVICE_BYTES: "4000000" }, "BODY_BUDGET_SERVICE_BYTES"],
   ["worker", { WORKER_CONCURRENCY: "0" }, "WORKER_CONCURRENCY"],
   ["worker", { LOG_LEVEL: "loud" }, "LOG_LEVEL"],
   ["worker", { RUN_RESULT_MAX_BYTES: "2000000" }, "RUN_RESULT_MAX_BYTES"],
