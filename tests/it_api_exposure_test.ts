@@ -40,6 +40,7 @@ async function scrape(url: string): Promise<string> {
   return await res.text();
 }
 
+/** Runs `fn` against a fresh database and an API on it (`setup` first), then stops the API. */
 async function withApi(
   fn: (api: ApiProcess, db: TestDatabase) => Promise<void>,
   env: Record<string, string> = {},
@@ -51,6 +52,9 @@ async function withApi(
     await setup(db);
     api = await new ApiProcess({ DATABASE_URL: db.url, ...env }).ready();
     await fn(api, db);
+    // Its metrics listener too stops on SIGTERM, cleanly.
+    const status = await api.stop();
+    assert.equal(status.code, 0, api.logs().join("\n"));
   } catch (err) {
     if (api) console.error(api.logs().join("\n"));
     throw err;
