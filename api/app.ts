@@ -87,12 +87,21 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
     if (ready) return c.json({ status: "ready", checks });
     throw new PoimenError("database-unavailable", "the database does not answer");
   });
+  // Anyone may read it: the series that name no tenant only (the per-tenant
+  // ones are on the metrics listener, api/process.ts).
   app.get("/metrics", async (c) => {
     c.header("content-type", metrics.registry.contentType);
     return c.body(await metrics.registry.metrics());
   });
   app.get("/openapi.json", (c) => c.json(openApiDocument()));
 
+  // Every /v1 answer, problems included (set after onError and notFound
+  // answered): never sniffed into something else, never kept by a cache.
+  app.use("/v1/*", async (c, next) => {
+    await next();
+    c.res.headers.set("x-content-type-options", "nosniff");
+    c.res.headers.set("cache-control", "no-store");
+  });
   app.use("/v1/*", async (c, next) => {
     const principal = await deps.auth.authenticate(
       c.req.header("authorization"),

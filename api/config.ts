@@ -1,6 +1,14 @@
 /** The API process's configuration, read once from the environment. */
 import { z } from "zod";
-import { databaseEnv, logEnv, millis, port, positiveInt, readEnv } from "../core/config.ts";
+import {
+  databaseEnv,
+  DEFAULT_METRICS_PORTS,
+  logEnv,
+  millis,
+  port,
+  positiveInt,
+  readEnv,
+} from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 
@@ -9,6 +17,13 @@ export const ApiEnv = z.object({
   ...logEnv,
   PORT: port(8080),
   HOST: z.string().min(1).default("127.0.0.1"),
+  /**
+   * The operators' listener: `/metrics` with the per-tenant series (the API
+   * port's `/metrics` serves only the series that name no tenant), `/healthz`
+   * and `/readyz`. Loopback by default, like the other processes'.
+   */
+  API_METRICS_PORT: port(DEFAULT_METRICS_PORTS.api),
+  API_METRICS_HOST: z.string().min(1).default("127.0.0.1"),
   /** Request body limit in bytes (default 1 MiB). */
   BODY_LIMIT_BYTES: positiveInt(1024 * 1024),
   /**

@@ -1,20 +1,42 @@
-/** The API's Prometheus metrics, on a registry of its own (never prom-client's global one). */
+/**
+ * The API's Prometheus metrics, on registries of their own (never
+ * prom-client's global one): `registry` holds the series that name no
+ * tenant (the API port's `/metrics` serves them to anyone), `tenantRegistry`
+ * the per-tenant ones, served with the rest only on the metrics listener
+ * (API_METRICS_HOST:API_METRICS_PORT, 127.0.0.1 by default).
+ */
 import client from "prom-client";
+import type { MetricsSource } from "../core/metrics_server.ts";
 import type { BodyBudget } from "./body_budget.ts";
 import type { QuotaRefusal, QuotaView } from "../admission/quota.ts";
 
 export type ApiMetrics = ReturnType<typeof createApiMetrics>;
 
+// The methods a `method` label may hold; any other (Deno accepts methods of
+// tens of kilobytes, of any token) is "other", so no request can add series.
+const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]);
+
+/** A request's method as a label value: one of a fixed set, "other" for the rest. */
+export function methodLabel(method: string): string {
+  return METHODS.has(method) ? method : "other";
+}
+
 /**
- * Creates the API's metrics on `registry`. `observeRequest` and
+ * Creates the API's metrics on `registry` (tenant-free) and `tenantRegistry`
+ * (series labelled by tenant; a new registry unless given). `observeRequest` and
  * `observeAdmission` reuse one labelled child per label set: prom-client
  * hashes the label set on every `inc`/`observe` given labels, a cost paid per
  * request on the admission path. Bounded like the label sets they mirror.
  */
-export function createApiMetrics(registry: client.Registry) {
+export function createApiMetrics(
+  registry: client.Registry,
+  tenantRegistry: client.Registry = new client.Registry(),
+) {
   const registers = [registry];
+  const tenantRegisters = [tenantRegistry];
   const m = {
     registry,
+    tenantRegistry,
     httpRequests: new client.Counter({
       name: "poimen_http_requests_total",
       help: "HTTP requests by method, route, status and caller kind (tenant, service, none)",
@@ -70,7 +92,7 @@ export function createApiMetrics(registry: client.Registry) {
       help: "Admissions refused by a tenant quota (429), by tenant and reason: queue-full, " +
         "rate-limited",
       labelNames: ["tenant", "reason"] as const,
-      registers,
+      registers: tenantRegisters,
     }),
     authFailures: new client.Counter({
       name: "poimen_auth_failures_total",
@@ -89,6 +111,14 @@ export function createApiMetrics(registry: client.Registry) {
   }>();
   return {
     ...m,
+    /**
+     * Every series, tenant-free and per tenant, read at each scrape: what the
+     * metrics listener serves (never the API port).
+     */
+    everySeries: {
+      contentType: registry.contentType,
+      metrics: async () => (await registry.metrics()) + (await tenantRegistry.metrics()),
+    } satisfies MetricsSource,
     /** One admission refused by a tenant quota. */
     quotaRefused(tenant: string, reason: QuotaRefusal): void {
       m.quotaRefusals.inc({ tenant, reason });
@@ -105,7 +135,7 @@ export function createApiMetrics(registry: client.Registry) {
           "max_queued, plus this process's admissions since the count); tenants with a " +
           "max_queued that admitted lately",
         labelNames: ["tenant"] as const,
-        registers,
+        registers: tenantRegisters,
         collect() {
           this.reset();
           for (const q of view()) {
@@ -117,7 +147,7 @@ export function createApiMetrics(registry: client.Registry) {
         name: "poimen_tenant_max_queued",
         help: "A tenant's max_queued as this API's quota gate last read it",
         labelNames: ["tenant"] as const,
-        registers,
+        registers: tenantRegisters,
         collect() {
           this.reset();
           for (const q of view()) {
@@ -158,7 +188,14 @@ export function createApiMetrics(registry: client.Registry) {
       return budget;
     },
     /** One HTTP request answered: counted and timed. */
-    observeRequest(method: string, route: string, status: number, caller: string, seconds: number) {
+    observeRequest(
+      requestMethod: string,
+      route: string,
+      status: number,
+      caller: string,
+      seconds: number,
+    ) {
+      const method = methodLabel(requestMethod);
       const key = `${method} ${route} ${status} ${caller}`;
       let c = requestChildren.get(key);
       if (!c) {

@@ -274,7 +274,7 @@ export const ROUTES: Route[] = [
   {
     method: "get",
     path: "/metrics",
-    summary: "Prometheus metrics",
+    summary: "Prometheus metrics that name no tenant (all of them: API_METRICS_PORT)",
     auth: false,
     answers: { 200: { description: "Prometheus text format", contentType: "text/plain" } },
     problems: [],

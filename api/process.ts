@@ -7,7 +7,9 @@ import client from "prom-client";
 import { processEnv } from "../core/config.ts";
 import { createLogger } from "../core/log.ts";
 import { named, runProcess } from "../core/process_harness.ts";
-import { createPool } from "../db/pool.ts";
+import { abortable } from "../core/health.ts";
+import { metricsPart } from "../core/metrics_server.ts";
+import { createPool, ping } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { Admission } from "../admission/admit.ts";
@@ -28,7 +30,9 @@ const COMMAND = {
   synopsis: "",
   description: `
 Serves the HTTP API (POST/GET /v1/runs, /openapi.json, /metrics, /healthz,
-/readyz) and the web console (/console) on HOST:PORT until SIGTERM or SIGINT.
+/readyz) and the web console (/console) on HOST:PORT until SIGTERM or SIGINT;
+its /metrics there has only the series that name no tenant. Every series, per
+tenant too, with /healthz and /readyz, on API_METRICS_HOST:API_METRICS_PORT.
 Validates run input against the workflow catalog the workers register in; it
 loads no workflow code.`,
   env: ApiEnv,
@@ -117,6 +121,11 @@ export async function main(args: string[]): Promise<number> {
   return await runProcess([
     // Closed last, once the requests in flight have finished (their admissions commit).
     { name: "pool", stop: () => sql.end({ timeout: 5 }) },
+    // The operators' scrape: the tenant-free series and the per-tenant ones,
+    // which the API port never serves.
+    metricsPart(metrics.everySeries, config.API_METRICS_HOST, config.API_METRICS_PORT, log, {
+      probes: { postgres: (signal) => abortable(ping(sql), signal) },
+    }),
     named("workflow catalog", catalog),
     named("tenant quotas", quota),
     {

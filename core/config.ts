@@ -63,11 +63,17 @@ export const positiveInt = (fallback: number) =>
 export const millis = (fallback: number) => z.coerce.number().int().nonnegative().default(fallback);
 
 /**
- * Where each background process serves `/metrics`, `/healthz` and `/readyz`
- * unless told otherwise (the API serves them on its own PORT): one port each,
- * so the three run side by side on one host. 0 picks a free port (logged).
+ * Where each process serves `/metrics`, `/healthz` and `/readyz` for
+ * operators unless told otherwise (the API's listener is the one with its
+ * per-tenant series; its own PORT serves only tenant-free ones): one port
+ * each, so the four run side by side on one host. 0 picks a free port (logged).
  */
-export const DEFAULT_METRICS_PORTS = { relay: 9465, worker: 9466, outbox: 9467 } as const;
+export const DEFAULT_METRICS_PORTS = {
+  api: 9464,
+  relay: 9465,
+  worker: 9466,
+  outbox: 9467,
+} as const;
 
 export const DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/poimen";
 export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";

@@ -1,13 +1,18 @@
 /**
- * The small HTTP server each background process (worker, outbox, relay)
+ * The small HTTP server each process (worker, outbox, relay and the API)
  * exposes on its metrics port: `/metrics` (Prometheus text of its own
  * registry), `/healthz` (alive) and `/readyz` (its dependencies answer; see
- * core/health.ts). The API serves the same paths from its hono app instead.
+ * core/health.ts). The API serves the same paths on its own port too, but
+ * there its `/metrics` has only the series that name no tenant. No label
+ * value here comes from a request.
  */
 import type client from "prom-client";
 import type { Logger } from "./log.ts";
 import { checkReadiness, type Probe } from "./health.ts";
 import type { Part } from "./process_harness.ts";
+
+/** What `/metrics` serves: a prom-client registry, or several read as one. */
+export type MetricsSource = Pick<client.Registry, "metrics" | "contentType">;
 
 export interface MetricsServer {
   server: Deno.HttpServer;
@@ -27,7 +32,7 @@ export interface MetricsServerOptions {
  * free one); resolves once listening.
  */
 export async function serveMetrics(
-  registry: client.Registry,
+  registry: MetricsSource,
   hostname: string,
   port: number,
   log: Logger,
@@ -66,7 +71,7 @@ export async function serveMetrics(
  * "metrics server": it serves on start and finishes the requests in flight on stop.
  */
 export function metricsPart(
-  registry: client.Registry,
+  registry: MetricsSource,
   hostname: string,
   port: number,
   log: Logger,

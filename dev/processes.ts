@@ -25,8 +25,9 @@ export function freePort(): number {
   return port;
 }
 
-/** The variable naming each background process's metrics/health port. */
+/** The variable naming each process's metrics/health port. */
 const METRICS_PORT_VARIABLE: Record<string, string> = {
+  api: "API_METRICS_PORT",
   worker: "WORKER_METRICS_PORT",
   outbox: "OUTBOX_METRICS_PORT",
   relay: "RELAY_METRICS_PORT",
@@ -36,8 +37,8 @@ const METRICS_PORT_VARIABLE: Record<string, string> = {
 export class PoimenProcess {
   readonly command: string;
   /**
-   * Where a worker, outbox or relay serves `/metrics`, `/healthz` and
-   * `/readyz`: a free port unless `env` names one, so processes of parallel
+   * Where an API, worker, outbox or relay serves `/metrics` (the API's with
+   * its per-tenant series), `/healthz` and `/readyz`: a free port unless `env` names one, so processes of parallel
    * tests (and a `deno task up` elsewhere) never fight over the defaults.
    */
   readonly metricsUrl: string | undefined;

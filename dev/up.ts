@@ -37,6 +37,9 @@ const UpEnv = z.object({
   DATABASE_URL: z.string().url().default(DEFAULT_DATABASE_URL),
   ...kafkaEnv,
   PORT: z.coerce.number().int().min(1).max(65535).default(8080),
+  API_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
+    DEFAULT_METRICS_PORTS.api,
+  ),
   RELAY_METRICS_PORT: z.coerce.number().int().min(1).max(65535).default(
     DEFAULT_METRICS_PORTS.relay,
   ),
@@ -178,7 +181,7 @@ export async function up(args: string[] = []): Promise<number> {
 
   const apiUrl = `http://127.0.0.1:${config.PORT}`;
   const childEnv: Record<string, Record<string, string>> = {
-    api: { ...env, PORT: String(config.PORT) },
+    api: { ...env, PORT: String(config.PORT), API_METRICS_PORT: String(config.API_METRICS_PORT) },
     worker: { ...env, WORKER_METRICS_PORT: String(config.WORKER_METRICS_PORT) },
     outbox: { ...env, OUTBOX_METRICS_PORT: String(config.OUTBOX_METRICS_PORT) },
     relay: {
@@ -208,9 +211,10 @@ export async function up(args: string[] = []): Promise<number> {
     await delay(200);
   }
 
-  // Each serves /metrics, /healthz and /readyz on the port shown.
+  // Each serves /metrics, /healthz and /readyz on the port shown (the API
+  // port's /metrics has only the series that name no tenant).
   const ports = `
-  api           ${apiUrl}
+  api           http://127.0.0.1:${config.API_METRICS_PORT}
   worker        http://127.0.0.1:${config.WORKER_METRICS_PORT}
   outbox        http://127.0.0.1:${config.OUTBOX_METRICS_PORT}
   relay         http://127.0.0.1:${config.RELAY_METRICS_PORT}`;

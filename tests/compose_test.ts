@@ -4,7 +4,8 @@
  * and interpolates the file, and these tests hold what it resolves to
  * against the code — every `deno task` it runs exists, every variable it sets
  * is one the process reads, every long-running service has a health check on
- * its own (published, 0.0.0.0-bound) port.
+ * its own (published, 0.0.0.0-bound) port, and no metrics port is published
+ * beyond the host's loopback.
  */
 import assert from "node:assert/strict";
 import { parse } from "yaml";
@@ -48,6 +49,33 @@ const HEALTH_PORT: Record<string, [port: string, host: string]> = {
   outbox: ["OUTBOX_METRICS_PORT", "OUTBOX_METRICS_HOST"],
   relay: ["RELAY_METRICS_PORT", "RELAY_METRICS_HOST"],
 };
+
+/** The variables holding each process's metrics listener (whose /metrics names tenants). */
+const METRICS_PORT: Record<string, [port: string, host: string]> = {
+  api: ["API_METRICS_PORT", "API_METRICS_HOST"],
+  worker: ["WORKER_METRICS_PORT", "WORKER_METRICS_HOST"],
+  outbox: ["OUTBOX_METRICS_PORT", "OUTBOX_METRICS_HOST"],
+  relay: ["RELAY_METRICS_PORT", "RELAY_METRICS_HOST"],
+};
+
+/** A published port as docker-compose resolves it: long form, or `[ip:]published:target[/proto]`. */
+interface Published {
+  /** The host address it is bound to; "" for all interfaces. */
+  ip: string;
+  target: string;
+}
+
+function publishedPorts(service: Service): Published[] {
+  return (service.ports ?? []).map((p) => {
+    if (typeof p !== "string") {
+      const ip = (p as { host_ip?: string }).host_ip ?? "";
+      return { ip: ip === "0.0.0.0" ? "" : ip, target: String(p.target) };
+    }
+    const parts = p.replace(/\/\w+$/, "").split(":");
+    const ip = parts.length === 3 ? parts[0] : "";
+    return { ip: ip === "0.0.0.0" ? "" : ip, target: parts.at(-1)! };
+  });
+}
 
 async function dockerCompose(): Promise<string | undefined> {
   try {
@@ -187,10 +215,38 @@ Deno.test({
         testLine(service).includes(`http://127.0.0.1:${port}/readyz`),
         `${name}'s health check asks its own /readyz: ${testLine(service)}`,
       );
-      const published = (service.ports ?? []).map((p) =>
-        typeof p === "string" ? p.split(":").at(-1) : String(p.target)
-      );
+      const published = publishedPorts(service).map((p) => p.target);
       assert.ok(published.includes(port), `${name} publishes port ${port}: ${published}`);
+    }
+  },
+});
+
+Deno.test({
+  name:
+    `compose: every metrics listener is published on the host's loopback only, never on all interfaces${SKIP}`,
+  ignore: version === undefined,
+  fn: async () => {
+    const compose = await resolved();
+    for (const [name, service] of poimen(compose)) {
+      const [task] = tasksIn(commandLine(service));
+      if (!METRICS_PORT[task]) continue;
+      const [portVar, hostVar] = METRICS_PORT[task];
+      const env = service.environment ?? {};
+      const port = String(env[portVar]);
+      assert.match(port, /^\d+$/, `${name} sets ${portVar}`);
+      // Reachable by a Prometheus in the compose network, not from outside the host.
+      assert.equal(env[hostVar], "0.0.0.0", `${name} binds ${hostVar} to 0.0.0.0`);
+      const bound = publishedPorts(service).filter((p) => p.target === port);
+      assert.ok(bound.length > 0, `${name} publishes its metrics port ${port}`);
+      for (const p of bound) {
+        assert.equal(p.ip, "127.0.0.1", `${name} publishes ${port} on all interfaces`);
+      }
+    }
+    // Whatever else is published on all interfaces is the API's own port.
+    for (const [name, service] of Object.entries(compose.services)) {
+      for (const p of publishedPorts(service).filter((p) => p.ip === "")) {
+        assert.deepEqual([name, p.target], ["api", "8080"], `${name} publishes ${p.target}`);
+      }
     }
   },
 });

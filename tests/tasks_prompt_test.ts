@@ -83,7 +83,11 @@ Deno.test("tasks: api, worker, outbox and relay become ready in a terminal witho
   const ports = { worker: freePort(), outbox: freePort(), relay: freePort() };
   const started: PtyTask[] = [];
   try {
-    const apiTask = new PtyTask("api", [], { ...base, PORT: new URL(api).port });
+    const apiTask = new PtyTask("api", [], {
+      ...base,
+      PORT: new URL(api).port,
+      API_METRICS_PORT: String(freePort()),
+    });
     started.push(apiTask);
     await reach(apiTask, "ready", () => ok(`${api}/readyz`));
     const processes: [string, Record<string, string>][] = [
@@ -122,6 +126,7 @@ Deno.test("tasks: up brings the system up in a terminal without a permission pro
     DATABASE_URL: db.url,
     KAFKA_BROKERS: BROKER,
     PORT: String(port),
+    API_METRICS_PORT: String(freePort()),
     WORKER_METRICS_PORT: String(freePort()),
     OUTBOX_METRICS_PORT: String(freePort()),
     RELAY_METRICS_PORT: String(freePort()),

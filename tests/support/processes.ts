@@ -29,9 +29,12 @@ export class ApiProcess extends PoimenProcess {
     return this;
   }
 
-  /** Parses one Prometheus sample of the API's /metrics (0 when absent). */
+  /**
+   * Parses one Prometheus sample of the API's metrics listener (0 when
+   * absent): every series, the per-tenant ones too.
+   */
   async metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-    const text = await (await fetch(`${this.url}/metrics`)).text();
+    const text = await (await fetch(`${this.metricsUrl}/metrics`)).text();
     return sampleValue(text, name, labels);
   }
 }
