@@ -45,8 +45,9 @@ export interface MigrateOptions {
   lockTimeoutMs?: number;
   /** Tries of one migration (or no-transaction statement) that ran out of lock time; default 10. */
   lockAttempts?: number;
-  /** The backoff between tries: full jitter over base · 2^try, at least base, at most cap. */
+  /** The backoff between tries: full jitter over base · 2^try, never under base; default 0.5 s. */
   retryBaseMs?: number;
+  /** The longest backoff between tries; default 15 s. */
   retryCapMs?: number;
 }
 
