@@ -48,6 +48,17 @@ Deno.test("idempotent_admission: a bad DATABASE_URL is one line naming the varia
   assert.match(out.stderr, /DATABASE_URL/);
 });
 
+Deno.test("migrate: a bad MIGRATION_LOCK_TIMEOUT_MS or MIGRATION_LOCK_ATTEMPTS is one line naming it, exit 2", async () => {
+  for (
+    const [name, value] of [["MIGRATION_LOCK_TIMEOUT_MS", "0"], ["MIGRATION_LOCK_ATTEMPTS", "x"]]
+  ) {
+    const out = await runCommand("migrate", [], { [name]: value }, PERMS);
+    assert.equal(out.code, 2, name);
+    assert.equal(out.stderr.trim().split("\n").length, 1);
+    assert.match(out.stderr, new RegExp(`${name} is invalid`));
+  }
+});
+
 Deno.test("idempotent_admission: migrate creates a missing database", async () => {
   const db = await freshDatabase(false);
   const url = new URL(db.url);
@@ -244,7 +255,7 @@ Deno.test("migrate: a migration blocked by a long transaction gives up its lock 
       "blocked_column",
       "alter table runs add column migrate_test_note text;\n",
     );
-    const fast = { lockTimeoutMs: 150, retryBaseMs: 50, retryCapMs: 200 };
+    const fast = { lockTimeoutMs: 150, retryBaseMs: 100, retryCapMs: 200 };
 
     const gaveUp = capturedLog();
     await assert.rejects(
