@@ -27,7 +27,7 @@ import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
-import { createAndMigrate } from "./migrate.ts";
+import { createAndMigrate, migrationEnv, migrationOptions } from "./migrate.ts";
 
 /** The service name the relay's token is registered under. */
 export const RELAY_SERVICE = "relay";
@@ -36,6 +36,7 @@ export const InitEnv = z.object({
   ...databaseEnv,
   ...kafkaEnv,
   ...logEnv,
+  ...migrationEnv,
   /** Tenants to create, with their topics: a comma-separated list of tenant ids. */
   POIMEN_TENANTS: z.string().default("").refine(
     (v) => tenantList(v).every(isTenantId),
@@ -67,7 +68,7 @@ export async function main(args: string[]): Promise<number> {
   const log = createLogger("init", config.LOG_LEVEL);
   const tenants = tenantList(config.POIMEN_TENANTS);
 
-  await createAndMigrate(config.DATABASE_URL, log);
+  await createAndMigrate(config.DATABASE_URL, log, migrationOptions(config));
   const sql = createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-init" });
   try {
     for (const tenant of tenants) {

@@ -12,33 +12,42 @@
  * ```
  *
  * Several processes may call it at once (they queue on an advisory lock) and
- * calling it again applies nothing. The permissions it needs are
+ * calling it again applies nothing. A migration waits at most `lockTimeoutMs`
+ * for each lock it needs (so a long transaction holding one never queues the
+ * application behind the migration), then rolls back and tries again. The permissions it needs are
  * `--allow-net` (the database) and `--allow-env` (the driver reads the
  * `PG*` variables for what the URL leaves out).
  *
  * @module
  */
 import { createPool } from "./pool.ts";
-import { loadMigrations, migrate } from "./migrate.ts";
+import { loadMigrations, migrate, type MigrateOptions } from "./migrate.ts";
 import { type Fields, type Logger, silentLogger } from "../core/log.ts";
 
-export type { Fields, Logger };
+export type { Fields, Logger, MigrateOptions };
 
-/** Options of {@link migrateDatabase}. */
-export interface MigrateDatabaseOptions {
+/**
+ * Options of {@link migrateDatabase}: besides the logger, how long a
+ * migration may wait for a lock (`lockTimeoutMs`, default 2 s) and how many
+ * times it tries (`lockAttempts`, default 10) before it gives up.
+ */
+export interface MigrateDatabaseOptions extends MigrateOptions {
   /**
-   * Told each migration applied (`info`, with its `version` and `name`);
-   * default: a logger that writes nothing.
+   * Told each migration applied (`info`, with its `version` and `name`)
+   * and each try that ran out of lock time (`warn`); default: a logger that
+   * writes nothing.
    */
   log?: Logger;
 }
 
 /**
  * Applies the pending migrations to the database at `databaseUrl`, which
- * must exist, each in its own transaction; returns the versions this call
- * applied (empty when the schema was already up to date). It opens one
- * connection of its own and closes it before returning, also on failure,
- * when it rejects with the driver's error.
+ * must exist, each in its own transaction (or, for a file that says so,
+ * statement by statement); returns the versions this call applied (empty
+ * when the schema was already up to date). It opens one connection of its
+ * own and closes it before returning, also on failure, when it rejects with
+ * the driver's error (or one saying a lock never came in `lockAttempts`
+ * tries).
  */
 export async function migrateDatabase(
   databaseUrl: string,
@@ -46,7 +55,8 @@ export async function migrateDatabase(
 ): Promise<number[]> {
   const sql = createPool({ url: databaseUrl, max: 1, applicationName: "poimen-migrate" });
   try {
-    return await migrate(sql, loadMigrations(), options.log ?? silentLogger);
+    const { log, ...lockOptions } = options;
+    return await migrate(sql, loadMigrations(), log ?? silentLogger, lockOptions);
   } finally {
     await sql.end({ timeout: 5 });
   }

@@ -8,6 +8,8 @@ import { PoimenError } from "../core/errors.ts";
 
 export type Sql = postgres.Sql;
 export type TransactionSql = postgres.TransactionSql;
+/** One connection of the pool, kept for a caller until it calls `release()`. */
+export type ReservedSql = postgres.ReservedSql;
 /** A value for `sql.json()`: sent as one jsonb parameter. */
 export type JSONValue = postgres.JSONValue;
 

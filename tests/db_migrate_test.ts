@@ -1,10 +1,18 @@
-/** `deno task migrate`: idempotent, and safe from several processes at once. */
+/**
+ * `deno task migrate`: idempotent, safe from several processes at once, and
+ * never a long stop for the application (lock_timeout and retries,
+ * no-transaction files for concurrent index builds).
+ */
 import assert from "node:assert/strict";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { runCommand, runFlags } from "./support/processes.ts";
-import { loadMigrations } from "../db/migrate.ts";
+import { loadMigrations, migrate, type Migration } from "../db/migrate.ts";
 import { migrateDatabase } from "../db/migrate_database.ts";
-import { createLogger, type Fields } from "../core/log.ts";
+import { NO_TRANSACTION_DIRECTIVE } from "../db/migration_file.ts";
+import { createPool } from "../db/pool.ts";
+import { insertRuns } from "../db/admission.ts";
+import { insertTenant } from "../db/auth.ts";
+import { createLogger, type Fields, silentLogger } from "../core/log.ts";
 
 // The task's own permissions: the migrations are embedded, so no read access.
 const PERMS = runFlags("migrate");
@@ -40,6 +48,17 @@ Deno.test("idempotent_admission: a bad DATABASE_URL is one line naming the varia
   assert.match(out.stderr, /DATABASE_URL/);
 });
 
+Deno.test("migrate: a bad MIGRATION_LOCK_TIMEOUT_MS or MIGRATION_LOCK_ATTEMPTS is one line naming it, exit 2", async () => {
+  for (
+    const [name, value] of [["MIGRATION_LOCK_TIMEOUT_MS", "0"], ["MIGRATION_LOCK_ATTEMPTS", "x"]]
+  ) {
+    const out = await runCommand("migrate", [], { [name]: value }, PERMS);
+    assert.equal(out.code, 2, name);
+    assert.equal(out.stderr.trim().split("\n").length, 1);
+    assert.match(out.stderr, new RegExp(`${name} is invalid`));
+  }
+});
+
 Deno.test("idempotent_admission: migrate creates a missing database", async () => {
   const db = await freshDatabase(false);
   const url = new URL(db.url);
@@ -72,6 +91,270 @@ Deno.test("idempotent_admission: the package's migrateDatabase applies the schem
       return open.n === 0;
     }, 5_000);
   } finally {
+    await db.drop();
+  }
+});
+
+// A steady writer: admissions (the real admission statement) one after the
+// other on a connection of its own, each commit's time noted, until stopped.
+interface Writer {
+  commits: number[];
+  stop(): Promise<void>;
+}
+
+function startWriter(url: string, tenant: string): Writer {
+  const sql = createPool({ url, max: 1, applicationName: "poimen-test-writer" });
+  const commits: number[] = [];
+  let stopping = false;
+  const loop = (async () => {
+    while (!stopping) {
+      await insertRuns(sql, [{
+        tenant_id: tenant,
+        run_id: crypto.randomUUID(),
+        workflow_ref: "echo",
+        workflow_name: "echo",
+        workflow_version: 1,
+        input: { at: commits.length },
+        goal_id: null,
+        dispatch_key: null,
+        source: "http:writer",
+        max_attempts: 3,
+        run_after: null,
+      }]);
+      commits.push(performance.now());
+    }
+  })();
+  return {
+    commits,
+    async stop() {
+      stopping = true;
+      try {
+        await loop;
+      } finally {
+        await sql.end({ timeout: 5 });
+      }
+    },
+  };
+}
+
+/** The writer's commits in [from, to], and the longest time it went without one there. */
+function writesBetween(commits: number[], from: number, to: number) {
+  const inside = commits.filter((t) => t >= from && t <= to);
+  let longestStallMs = 0;
+  let previous = from;
+  for (const t of [...inside, to]) {
+    longestStallMs = Math.max(longestStallMs, t - previous);
+    previous = t;
+  }
+  return { count: inside.length, longestStallMs: Math.round(longestStallMs) };
+}
+
+/** A test-only migration, numbered after every real one. */
+function testMigration(offset: number, name: string, sql: string): Migration {
+  const last = loadMigrations().at(-1)!.version;
+  return { version: last + 1000 + offset, name, sql };
+}
+
+function capturedLog() {
+  const lines: Fields[] = [];
+  const log = createLogger("migrate", "info", (line) => lines.push(JSON.parse(line)));
+  return { log, lines };
+}
+
+Deno.test("migrate: a no-transaction migration builds an index concurrently on a populated runs table while admissions keep committing", async () => {
+  const db = await freshDatabase();
+  const rows = 200_000;
+  let writer: Writer | undefined;
+  try {
+    await insertTenant(db.sql, "acme");
+    await db.sql`
+      insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
+                        source, status, max_attempts, finished_at)
+      select 'acme', gen_random_uuid(), 'echo', 'echo', 1, jsonb_build_object('n', g),
+             'test', 'succeeded', 3, now()
+        from generate_series(1, ${rows}) g`;
+    writer = startWriter(db.url, "acme");
+    const w = writer;
+    await waitFor("the writer to commit", () => w.commits.length >= 20);
+
+    const m = testMigration(
+      1,
+      "concurrent_index",
+      `${NO_TRANSACTION_DIRECTIVE}\n-- A test-only index, built on a table that is being written.\n` +
+        "create index concurrently if not exists runs_migrate_test_idx\n" +
+        "  on runs (tenant_id, (input ->> 'n'), created_at);\n",
+    );
+    // What Postgres says the build is doing, sampled from another connection:
+    // the build's start and end are the first and last samples that see it.
+    const monitor = createPool({ url: db.url, max: 1, applicationName: "poimen-test-monitor" });
+    const seen: { at: number; command: string }[] = [];
+    let migrating = true;
+    const watching = (async () => {
+      while (migrating) {
+        const [p] = await monitor<{ command: string }[]>`
+          select command from pg_stat_progress_create_index where datname = current_database()`;
+        if (p) seen.push({ at: performance.now(), command: p.command });
+      }
+    })();
+    const { log, lines } = capturedLog();
+    const started = performance.now();
+    let applied: number[];
+    try {
+      applied = await migrate(db.sql, [...loadMigrations(), m], log);
+    } finally {
+      migrating = false;
+      await watching;
+      await monitor.end({ timeout: 5 });
+    }
+    const ended = performance.now();
+    assert.deepEqual(applied, [m.version]);
+    assert.ok(seen.length >= 2, `the build was seen in progress only ${seen.length} times`);
+    assert.ok(
+      seen.every((s) => s.command === "CREATE INDEX CONCURRENTLY"),
+      `built as ${[...new Set(seen.map((s) => s.command))]}`,
+    );
+    const build = writesBetween(w.commits, seen[0].at, seen.at(-1)!.at);
+    const whole = writesBetween(w.commits, started, ended);
+    console.error(
+      `index build on ${rows} runs: ${Math.round(seen.at(-1)!.at - seen[0].at)} ms seen, ` +
+        `${build.count} admissions committed during it, the writer's longest stall ` +
+        `${build.longestStallMs} ms (${whole.longestStallMs} ms over the whole migration)`,
+    );
+    assert.ok(build.count > 0, "no admission committed while the index was being built");
+
+    const [index] = await db.sql`
+      select i.indisvalid, i.indisready from pg_index i
+       where i.indexrelid = to_regclass('runs_migrate_test_idx')`;
+    assert.deepEqual(index, { indisvalid: true, indisready: true });
+    const [recorded] = await db
+      .sql`select name from schema_migrations where version = ${m.version}`;
+    assert.equal(recorded?.name, "concurrent_index");
+    assert.deepEqual(lines.filter((l) => l.level === "warn"), []);
+  } finally {
+    await writer?.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("migrate: a migration blocked by a long transaction gives up its lock request in time and retries while writers go on, and completes once it ends", async () => {
+  const db = await freshDatabase();
+  let writer: Writer | undefined;
+  const long = await db.sql.reserve();
+  try {
+    await insertTenant(db.sql, "acme");
+    // A long transaction that read runs: it holds ACCESS SHARE on runs until it ends.
+    await long.unsafe("begin");
+    await long`select count(*) from runs`;
+    writer = startWriter(db.url, "acme");
+    const w = writer;
+    await waitFor("the writer to commit", () => w.commits.length >= 5);
+    // ADD COLUMN needs ACCESS EXCLUSIVE: it waits for the long transaction, and
+    // while it waits in the queue, every statement on runs waits behind it.
+    const m = testMigration(
+      2,
+      "blocked_column",
+      "alter table runs add column migrate_test_note text;\n",
+    );
+    const fast = { lockTimeoutMs: 150, retryBaseMs: 100, retryCapMs: 200 };
+
+    const gaveUp = capturedLog();
+    await assert.rejects(
+      migrate(db.sql, [...loadMigrations(), m], gaveUp.log, { ...fast, lockAttempts: 2 }),
+      /gave up after 2 tries: .*lock timeout/,
+    );
+    assert.equal(gaveUp.lines.filter((l) => l.level === "warn").length, 1);
+
+    const { log, lines } = capturedLog();
+    const started = performance.now();
+    let done = false;
+    const migrating = migrate(db.sql, [...loadMigrations(), m], log, {
+      ...fast,
+      lockAttempts: 1000,
+    })
+      .finally(() => done = true);
+    const retries = () =>
+      lines.filter((l) => l.msg === "migration could not take a lock in time; trying again");
+    await waitFor("the migration to retry", () => retries().length >= 2, 10_000, 10);
+    const before = w.commits.length;
+    await waitFor("two more retries", () => retries().length >= 4, 10_000, 10);
+    const waiting = w.commits.length - before;
+    assert.equal(done, false, "the migration finished while the long transaction held its lock");
+    assert.ok(waiting > 0, "no admission committed while the migration waited for its lock");
+    assert.deepEqual(retries()[0].version, m.version);
+    assert.deepEqual(retries().slice(0, 4).map((l) => l.attempt), [1, 2, 3, 4]);
+
+    await long.unsafe("commit");
+    assert.deepEqual(await migrating, [m.version]);
+    const stall = writesBetween(w.commits, started, performance.now());
+    console.error(
+      `blocked migration: ${retries().length} retries, ${waiting} admissions committed over two ` +
+        `of them, the writer's longest stall ${stall.longestStallMs} ms (lock_timeout 150 ms)`,
+    );
+    const [column] = await db.sql`
+      select 1 from information_schema.columns
+       where table_name = 'runs' and column_name = 'migrate_test_note'`;
+    assert.ok(column, "the migration's column is there");
+  } finally {
+    await long.unsafe("rollback").catch(() => {});
+    long.release();
+    await writer?.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("migrate: a failed concurrent build is not recorded, and the next run drops the invalid index it left and builds it again", async () => {
+  const db = await freshDatabase();
+  // One connection: what migrate leaves on it is what the next user gets.
+  const sql = createPool({ url: db.url, max: 1, applicationName: "poimen-test" });
+  try {
+    await insertTenant(db.sql, "acme");
+    await db.sql`
+      insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
+                        source, max_attempts, goal_id)
+      select 'acme', gen_random_uuid(), 'echo', 'echo', 1, '{}', 'test', 3, 'g' || (g % 3)
+        from generate_series(1, 6) g`;
+    const m = testMigration(
+      3,
+      "unique_goal",
+      `${NO_TRANSACTION_DIRECTIVE}\n` +
+        "create unique index concurrently if not exists runs_migrate_test_uq on runs (goal_id);\n",
+    );
+    const validity = async () =>
+      (await db.sql`select indisvalid from pg_index
+                     where indexrelid = to_regclass('runs_migrate_test_uq')`)[0]?.indisvalid;
+
+    // Duplicate goals: the build fails and leaves an invalid index behind.
+    await assert.rejects(
+      migrate(sql, [...loadMigrations(), m], silentLogger),
+      /could not create unique index/,
+    );
+    assert.equal(await validity(), false);
+    assert.equal(
+      (await sql`select 1 from schema_migrations where version = ${m.version}`).length,
+      0,
+    );
+    // The connection went back as it came: no lock_timeout, no migration lock.
+    const [setting] = await sql`show lock_timeout`;
+    assert.equal(setting.lock_timeout, "0");
+    const [{ n }] = await db.sql`
+      select count(*)::int as n from pg_locks
+       where locktype = 'advisory'
+         and database = (select oid from pg_database where datname = current_database())`;
+    assert.equal(n, 0);
+
+    // IF NOT EXISTS alone would take the invalid index for done.
+    await db.sql`update runs set goal_id = run_id::text`;
+    const { log, lines } = capturedLog();
+    assert.deepEqual(await migrate(sql, [...loadMigrations(), m], log), [m.version]);
+    assert.equal(await validity(), true);
+    assert.ok(
+      lines.some((l) =>
+        String(l.msg).startsWith("dropping an invalid index") && l.index === "runs_migrate_test_uq"
+      ),
+    );
+    assert.deepEqual(await migrate(sql, [...loadMigrations(), m], silentLogger), []);
+  } finally {
+    await sql.end({ timeout: 5 });
     await db.drop();
   }
 });
