@@ -47,11 +47,11 @@ Deno.test("catalog: name resolves to the newest version, name@version to that on
     defineWorkflow({ name: "w", version, input: z.unknown(), handler })
   );
   const catalog = new StaticCatalog(new WorkflowRegistry(versions).catalogVersions());
-  assert.equal(catalog.resolve("w")?.version, 3);
-  assert.equal(catalog.resolve("w@2")?.version, 2);
-  assert.equal(catalog.resolve("w@4"), undefined);
-  assert.equal(catalog.resolve("x"), undefined);
-  assert.deepEqual(catalog.list(), ["w@1", "w@2", "w@3"]);
+  assert.equal(catalog.resolve("w", "acme")?.version, 3);
+  assert.equal(catalog.resolve("w@2", "acme")?.version, 2);
+  assert.equal(catalog.resolve("w@4", "acme"), undefined);
+  assert.equal(catalog.resolve("x", "acme"), undefined);
+  assert.deepEqual(catalog.list("acme"), ["w@1", "w@2", "w@3"]);
 });
 
 Deno.test("catalog: a version registered without a NOTIFY reaching the API is found by the refresh an unknown workflow makes; admission pins it and takes its max attempts", async () => {
@@ -67,7 +67,7 @@ Deno.test("catalog: a version registered without a NOTIFY reaching the API is fo
   try {
     await insertTenant(db.sql, "acme");
     await catalog.start();
-    assert.equal(catalog.resolve("shop.order"), undefined);
+    assert.equal(catalog.resolve("shop.order", "acme"), undefined);
     const registry = new WorkflowRegistry([
       defineWorkflow({ ...order, maxAttempts: 7 }),
     ]);
