@@ -95,3 +95,25 @@ Deno.test("catalog: a version registered without a NOTIFY reaching the API is fo
     await db.drop();
   }
 });
+
+Deno.test("catalog: a version for some tenants resolves and is listed only for them; a bare name gets the newest version the tenant may start", () => {
+  const v = (version: number, tenants?: string[]) =>
+    defineWorkflow({ name: "report", version, tenants, input: z.unknown(), handler });
+  const catalog = new StaticCatalog(
+    new WorkflowRegistry([v(1), v(2, ["team-*", "acme"]), v(3, ["acme"])]).catalogVersions(),
+  );
+  assert.equal(catalog.resolve("report", "acme")?.version, 3);
+  assert.equal(catalog.resolve("report", "team-red")?.version, 2, "the newest it may start");
+  assert.equal(catalog.resolve("report", "beta")?.version, 1);
+  assert.equal(catalog.resolve("report@3", "team-red"), undefined);
+  assert.equal(catalog.resolve("report@2", "beta"), undefined);
+  assert.equal(catalog.resolve("report@2", "team-blue")?.version, 2);
+  assert.equal(catalog.resolve("report@1", "acme")?.version, 1);
+  assert.deepEqual(catalog.list("acme"), ["report@1", "report@2", "report@3"]);
+  assert.deepEqual(catalog.list("team-red"), ["report@1", "report@2"]);
+  assert.deepEqual(catalog.list("beta"), ["report@1"]);
+
+  const only = new StaticCatalog(new WorkflowRegistry([v(1, ["acme"])]).catalogVersions());
+  assert.equal(only.resolve("report", "beta"), undefined);
+  assert.deepEqual(only.list("beta"), []);
+});
