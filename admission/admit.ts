@@ -130,7 +130,8 @@ export class Admission {
   /** Admits one run; resolves with the created run or the one holding its dispatch key. */
   async admit(req: AdmitRequest, ctx: AdmitContext): Promise<AdmitResult> {
     this.#hooks.onCall?.(ctx.entry);
-    const wf = this.#workflows.resolve(req.workflow_ref) ?? await this.#resolveUnknown(req);
+    const wf = this.#workflows.resolve(req.workflow_ref, ctx.tenantId) ??
+      await this.#resolveUnknown(req, ctx.tenantId);
     const problems = wf.validate(req.input);
     if (problems) {
       throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
@@ -175,19 +176,21 @@ export class Admission {
   /**
    * A ref this process does not know: maybe registered a moment ago, its
    * NOTIFY still on the way, so look again once before calling it unknown.
+   * A version registered for other tenants only is unknown to this one, in
+   * the same words, and the list names only what this tenant may start.
    */
-  async #resolveUnknown(req: AdmitRequest): Promise<AdmissionVersion> {
+  async #resolveUnknown(req: AdmitRequest, tenant: string): Promise<AdmissionVersion> {
     await this.#workflows.refreshUnknown();
-    const wf = this.#workflows.resolve(req.workflow_ref);
+    const wf = this.#workflows.resolve(req.workflow_ref, tenant);
     if (wf) return wf;
-    const known = this.#workflows.list();
+    const known = this.#workflows.list(tenant);
     const named = known.length > MAX_NAMED
       ? `${known.slice(0, MAX_NAMED).join(", ")} and ${known.length - MAX_NAMED} more`
       : known.join(", ");
     throw new PoimenError(
       "unknown-workflow",
       `unknown workflow ${JSON.stringify(req.workflow_ref)}; registered: ${
-        known.length > 0 ? named : "none (no worker has registered a workflow yet)"
+        known.length > 0 ? named : "none (no worker has registered a workflow for this tenant yet)"
       }`,
       { errors: [{ path: "workflow_ref", message: "unknown workflow" }] },
     );

@@ -6,7 +6,9 @@
  * (db/catalog.ts) and learns new versions without a restart — a NOTIFY after
  * each registration, a refresh on a timer as the fallback, and a refresh
  * before a workflow is called unknown, so a version registered a moment ago
- * is never refused for being new.
+ * is never refused for being new. A version registered for some tenants only
+ * (`tenants` in its definition) does not exist for any other tenant: it
+ * resolves for them as an unknown workflow would, and is not listed to them.
  */
 import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
 import type { FieldError } from "../core/errors.ts";
@@ -15,6 +17,7 @@ import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import { SECOND } from "../core/time.ts";
 import { formatPath, WORKFLOW_REF_PATTERN } from "../contracts/runs.ts";
+import { parseTenantScope, type TenantScope } from "../contracts/tenant_scope.ts";
 import { type CatalogVersion, selectCatalog } from "../db/catalog.ts";
 import { Listener } from "../db/listener.ts";
 import { CATALOG_CHANNEL } from "../db/notify.ts";
@@ -31,21 +34,26 @@ export interface AdmissionVersion {
   maxAttempts: number | null;
   /** Its concurrency limit (workflows/concurrency.ts); null: not limited. */
   concurrency: { limit: number; key: string | null } | null;
+  /** The tenants that may start it; null: every tenant. */
+  tenants: TenantScope | null;
   /** The input's failing fields (paths under `input`), or undefined when it is valid. */
   validate(input: unknown): FieldError[] | undefined;
 }
 
 /** How admission finds a workflow version. */
 export interface WorkflowLookup {
-  /** `name` (the newest version) or `name@version`; undefined when unknown here. */
-  resolve(ref: string): AdmissionVersion | undefined;
+  /**
+   * `name` (the newest version `tenant` may start) or `name@version`;
+   * undefined when unknown here or not for `tenant`.
+   */
+  resolve(ref: string, tenant: string): AdmissionVersion | undefined;
   /**
    * Called before a ref is answered as unknown: looks again where the
    * versions come from (bounded by the implementation), resolving once done.
    */
   refreshUnknown(): Promise<void>;
-  /** Every known `name@version`, for error messages. */
-  list(): string[];
+  /** Every known `name@version` that `tenant` may start, sorted, for error messages. */
+  list(tenant: string): string[];
 }
 
 // One ajv for the process: compiled validators share its caches. Formats are
@@ -57,6 +65,12 @@ const ajv = new Ajv2020({ allErrors: true, strict: false, validateFormats: false
 /** Compiles one catalog version (throws when its schema is not valid JSON Schema). */
 export function compileVersion(v: CatalogVersion): AdmissionVersion {
   const check: ValidateFunction = ajv.compile(v.input_schema);
+  let tenants: TenantScope | null = null;
+  if (v.tenants != null) {
+    const parsed = parseTenantScope(v.tenants);
+    if (parsed.problem !== undefined) throw new TypeError(`tenants: ${parsed.problem}`);
+    tenants = parsed.scope.all ? null : parsed.scope;
+  }
   return {
     name: v.name,
     version: v.version,
@@ -64,6 +78,7 @@ export function compileVersion(v: CatalogVersion): AdmissionVersion {
     concurrency: v.concurrency_limit == null
       ? null
       : { limit: v.concurrency_limit, key: v.concurrency_key ?? null },
+    tenants,
     validate(input) {
       if (check(input)) return undefined;
       return (check.errors ?? []).slice(0, MAX_REPORTED).map(fieldError);
@@ -92,10 +107,16 @@ function fieldError(e: ErrorObject): FieldError {
   return { path: formatPath(path), message };
 }
 
-/** Versions by name, newest last, with lookups by ref. */
+/** Whether `tenant` may start `v`. */
+function allowed(v: AdmissionVersion, tenant: string): boolean {
+  return v.tenants === null || v.tenants.allows(tenant);
+}
+
+/** Versions by name, newest first, with lookups by ref and tenant. */
 class VersionIndex {
   readonly #byRef = new Map<string, AdmissionVersion>();
-  readonly #newest = new Map<string, AdmissionVersion>();
+  // name → its versions, newest first (a name has a few).
+  readonly #byName = new Map<string, AdmissionVersion[]>();
 
   has(name: string, version: number): boolean {
     return this.#byRef.has(`${name}@${version}`);
@@ -103,19 +124,24 @@ class VersionIndex {
 
   add(v: AdmissionVersion): void {
     this.#byRef.set(`${v.name}@${v.version}`, v);
-    const newest = this.#newest.get(v.name);
-    if (!newest || newest.version < v.version) this.#newest.set(v.name, v);
+    const versions = this.#byName.get(v.name) ?? [];
+    versions.push(v);
+    versions.sort((a, b) => b.version - a.version);
+    this.#byName.set(v.name, versions);
   }
 
-  resolve(ref: string): AdmissionVersion | undefined {
+  resolve(ref: string, tenant: string): AdmissionVersion | undefined {
     const exact = this.#byRef.get(ref);
-    if (exact) return exact;
+    if (exact) return allowed(exact, tenant) ? exact : undefined;
     const m = WORKFLOW_REF_PATTERN.exec(ref);
-    return m && m[2] === undefined ? this.#newest.get(m[1]) : undefined;
+    if (!m || m[2] !== undefined) return undefined;
+    // The newest version is usually for every tenant: one look.
+    return this.#byName.get(m[1])?.find((v) => allowed(v, tenant));
   }
 
-  list(): string[] {
-    return [...this.#byRef.keys()].sort();
+  list(tenant: string): string[] {
+    return [...this.#byRef.entries()].filter(([, v]) => allowed(v, tenant)).map(([ref]) => ref)
+      .sort();
   }
 }
 
@@ -127,16 +153,16 @@ export class StaticCatalog implements WorkflowLookup {
     for (const v of versions) this.#index.add(compileVersion(v));
   }
 
-  resolve(ref: string): AdmissionVersion | undefined {
-    return this.#index.resolve(ref);
+  resolve(ref: string, tenant: string): AdmissionVersion | undefined {
+    return this.#index.resolve(ref, tenant);
   }
 
   refreshUnknown(): Promise<void> {
     return Promise.resolve();
   }
 
-  list(): string[] {
-    return this.#index.list();
+  list(tenant: string): string[] {
+    return this.#index.list(tenant);
   }
 }
 
@@ -188,12 +214,12 @@ export class WorkflowCatalog implements WorkflowLookup, Service {
     await this.#inFlight;
   });
 
-  resolve(ref: string): AdmissionVersion | undefined {
-    return this.#index.resolve(ref);
+  resolve(ref: string, tenant: string): AdmissionVersion | undefined {
+    return this.#index.resolve(ref, tenant);
   }
 
-  list(): string[] {
-    return this.#index.list();
+  list(tenant: string): string[] {
+    return this.#index.list(tenant);
   }
 
   /**

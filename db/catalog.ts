@@ -20,6 +20,11 @@ export interface CatalogVersion {
   concurrency_limit?: number | null;
   /** The JSON Pointer into the input naming a run's group; null: one group per tenant. */
   concurrency_key?: string | null;
+  /**
+   * The tenants that may start the version, as a tenant scope's canonical
+   * text (`acme,team-*`, migration 014); null: every tenant.
+   */
+  tenants?: string | null;
 }
 
 /** What registering one version found. */
@@ -29,7 +34,8 @@ export interface Registration {
   /** This call registered it. */
   created: boolean;
   /**
-   * It was registered before with the same schema and max attempts (true
+   * It was registered before with the same definition: input schema, max
+   * attempts, concurrency limit and tenants (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again).
    */
@@ -51,13 +57,13 @@ export async function registerVersions(
     with wanted as (
       select * from jsonb_to_recordset(${sql.json(versions as never)}::jsonb)
         as w(name text, version int, input_schema jsonb, max_attempts int,
-             concurrency_limit int, concurrency_key text)
+             concurrency_limit int, concurrency_key text, tenants text)
     ),
     ins as (
       insert into workflow_versions (name, version, input_schema, max_attempts,
-                                     concurrency_limit, concurrency_key, registered_by)
+                                     concurrency_limit, concurrency_key, tenants, registered_by)
       select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
-             ${workerId}
+             tenants, ${workerId}
         from wanted
       on conflict (name, version) do nothing
       returning name, version
@@ -68,7 +74,8 @@ export async function registerVersions(
                 else v.input_schema = w.input_schema
                      and v.max_attempts is not distinct from w.max_attempts
                      and v.concurrency_limit is not distinct from w.concurrency_limit
-                     and v.concurrency_key is not distinct from w.concurrency_key end as same
+                     and v.concurrency_key is not distinct from w.concurrency_key
+                     and v.tenants is not distinct from w.tenants end as same
       from wanted w
       left join ins i on i.name = w.name and i.version = w.version
       left join workflow_versions v on v.name = w.name and v.version = w.version`;
@@ -81,7 +88,7 @@ export async function registerVersions(
  */
 export async function selectCatalog(sql: Sql): Promise<CatalogVersion[]> {
   return await sql<CatalogVersion[]>`
-    select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key
+    select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key, tenants
       from workflow_versions
      order by name, version`;
 }

@@ -47,11 +47,11 @@ Deno.test("catalog: name resolves to the newest version, name@version to that on
     defineWorkflow({ name: "w", version, input: z.unknown(), handler })
   );
   const catalog = new StaticCatalog(new WorkflowRegistry(versions).catalogVersions());
-  assert.equal(catalog.resolve("w")?.version, 3);
-  assert.equal(catalog.resolve("w@2")?.version, 2);
-  assert.equal(catalog.resolve("w@4"), undefined);
-  assert.equal(catalog.resolve("x"), undefined);
-  assert.deepEqual(catalog.list(), ["w@1", "w@2", "w@3"]);
+  assert.equal(catalog.resolve("w", "acme")?.version, 3);
+  assert.equal(catalog.resolve("w@2", "acme")?.version, 2);
+  assert.equal(catalog.resolve("w@4", "acme"), undefined);
+  assert.equal(catalog.resolve("x", "acme"), undefined);
+  assert.deepEqual(catalog.list("acme"), ["w@1", "w@2", "w@3"]);
 });
 
 Deno.test("catalog: a version registered without a NOTIFY reaching the API is found by the refresh an unknown workflow makes; admission pins it and takes its max attempts", async () => {
@@ -67,7 +67,7 @@ Deno.test("catalog: a version registered without a NOTIFY reaching the API is fo
   try {
     await insertTenant(db.sql, "acme");
     await catalog.start();
-    assert.equal(catalog.resolve("shop.order"), undefined);
+    assert.equal(catalog.resolve("shop.order", "acme"), undefined);
     const registry = new WorkflowRegistry([
       defineWorkflow({ ...order, maxAttempts: 7 }),
     ]);
@@ -94,4 +94,26 @@ Deno.test("catalog: a version registered without a NOTIFY reaching the API is fo
     await catalog.stop();
     await db.drop();
   }
+});
+
+Deno.test("catalog: a version for some tenants resolves and is listed only for them; a bare name gets the newest version the tenant may start", () => {
+  const v = (version: number, tenants?: string[]) =>
+    defineWorkflow({ name: "report", version, tenants, input: z.unknown(), handler });
+  const catalog = new StaticCatalog(
+    new WorkflowRegistry([v(1), v(2, ["team-*", "acme"]), v(3, ["acme"])]).catalogVersions(),
+  );
+  assert.equal(catalog.resolve("report", "acme")?.version, 3);
+  assert.equal(catalog.resolve("report", "team-red")?.version, 2, "the newest it may start");
+  assert.equal(catalog.resolve("report", "beta")?.version, 1);
+  assert.equal(catalog.resolve("report@3", "team-red"), undefined);
+  assert.equal(catalog.resolve("report@2", "beta"), undefined);
+  assert.equal(catalog.resolve("report@2", "team-blue")?.version, 2);
+  assert.equal(catalog.resolve("report@1", "acme")?.version, 1);
+  assert.deepEqual(catalog.list("acme"), ["report@1", "report@2", "report@3"]);
+  assert.deepEqual(catalog.list("team-red"), ["report@1", "report@2"]);
+  assert.deepEqual(catalog.list("beta"), ["report@1"]);
+
+  const only = new StaticCatalog(new WorkflowRegistry([v(1, ["acme"])]).catalogVersions());
+  assert.equal(only.resolve("report", "beta"), undefined);
+  assert.deepEqual(only.list("beta"), []);
 });

@@ -48,7 +48,7 @@ Deno.test("contracts: a workflow_ref the registry could never resolve is refused
   const catalog = catalogOf();
   for (const ref of ["echo", "echo@1", "sleep"]) {
     assert.ok(accepts(ref), ref);
-    assert.ok(catalog.resolve(ref), ref);
+    assert.ok(catalog.resolve(ref, "acme"), ref);
   }
   assert.ok(accepts("echo@999999999"));
   assert.ok(accepts(`${"a".repeat(100)}@1`));

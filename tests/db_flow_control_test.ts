@@ -351,7 +351,7 @@ Deno.test("priority: within a key of a limited workflow, the higher priority sta
   }
 });
 
-Deno.test("catalog: a version's concurrency limit is part of its definition — registering it again with another limit or key is a conflict", async () => {
+Deno.test("catalog: a version's concurrency limit and tenants are part of its definition — registering it again with another limit, key or tenants is a conflict", async () => {
   const db = await freshDatabase();
   try {
     const base = {
@@ -376,6 +376,14 @@ Deno.test("catalog: a version's concurrency limit is part of its definition — 
       concurrency_key: null,
     }], "w3");
     assert.equal(unlimited.same, false);
+    // A version's tenants are part of it too (migration 014).
+    const [scoped] = await registerVersions(db.sql, [{ ...base, tenants: "acme" }], "w3");
+    assert.equal(scoped.same, false);
+    const tenanted = { ...base, version: 2, tenants: "acme,team-*" };
+    assert.equal((await registerVersions(db.sql, [tenanted], "w4"))[0].created, true);
+    assert.equal((await registerVersions(db.sql, [tenanted], "w5"))[0].same, true);
+    const [wider] = await registerVersions(db.sql, [{ ...tenanted, tenants: null }], "w5");
+    assert.equal(wider.same, false);
   } finally {
     await db.drop();
   }

@@ -176,3 +176,67 @@ Deno.test("catalog: the API's module graph holds no workflow or worker code", as
   const forbidden = local.filter((s) => /^(workflows|worker)\//.test(s));
   assert.deepEqual(forbidden, [], "api/process.ts must not import these");
 });
+
+Deno.test("catalog: a workflow registered for tenants [acme] admits acme's runs; for beta it is the unknown-workflow 422 an unregistered name gets, and beta's 422 never names it while acme's does", async () => {
+  const db = await freshDatabase();
+  const acme = await newToken(db.url, "acme");
+  const beta = await newToken(db.url, "beta");
+  const api = new ApiProcess({ DATABASE_URL: db.url, LOG_LEVEL: "info" });
+  const worker = createWorker({
+    workflows: [
+      defineWorkflow({
+        name: "acme.payroll",
+        version: 1,
+        tenants: ["acme"],
+        input: z.object({ month: z.string() }),
+        handler: () => Promise.resolve({}),
+      }),
+    ],
+    databaseUrl: db.url,
+    log: silentLogger,
+  });
+  try {
+    await api.ready();
+    await worker.start();
+    await waitFor(
+      "the API learned acme.payroll@1",
+      () =>
+        api.logs().some((l) =>
+          l.includes("workflow version learned") && l.includes("acme.payroll@1")
+        ),
+      10_000,
+    );
+    const input = { month: "2026-11" };
+    const ok = await post(api, acme, { workflow_ref: "acme.payroll", input });
+    assert.equal(ok.status, 201, JSON.stringify(ok.body));
+
+    const unregistered = await post(api, beta, { workflow_ref: "nobody.registered", input });
+    for (const ref of ["acme.payroll", "acme.payroll@1"]) {
+      const refused = await post(api, beta, { workflow_ref: ref, input });
+      assert.equal(refused.status, 422, JSON.stringify(refused.body));
+      assert.equal(refused.body.type, unregistered.body.type);
+      assert.deepEqual(refused.body.errors, unregistered.body.errors);
+      assert.equal(
+        refused.body.detail,
+        unregistered.body.detail.replace('"nobody.registered"', JSON.stringify(ref)),
+      );
+      // The ref asked for is echoed; the list of what beta may start is not changed by it.
+      assert.ok(!refused.body.detail.split("registered:")[1].includes("acme"), refused.body.detail);
+    }
+    assert.ok(
+      !JSON.stringify(unregistered.body).includes("acme.payroll"),
+      unregistered.body.detail,
+    );
+    assert.match(unregistered.body.detail, /registered: echo@1, fail@1, sleep@1$/);
+
+    const acmeUnknown = await post(api, acme, { workflow_ref: "nobody.registered", input });
+    assert.match(acmeUnknown.body.detail, /registered: acme\.payroll@1, echo@1, fail@1, sleep@1$/);
+    const [{ runs }] = await db.sql<{ runs: number }[]>`
+      select count(*)::int as runs from runs where workflow_name = 'acme.payroll'`;
+    assert.equal(runs, 1, "only acme's run exists");
+  } finally {
+    await worker.stop();
+    await api.stop();
+    await db.drop();
+  }
+});

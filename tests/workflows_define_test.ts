@@ -151,3 +151,21 @@ Deno.test("registry: concurrency limits are registered with the version, and spl
     limited: { names: ["l"], versions: [1] },
   });
 });
+
+Deno.test('defineWorkflow: tenants is a tenant scope, stored canonical (sorted, once each); ["*"] is every tenant; anything else is a TypeError naming the workflow', () => {
+  const base = { name: "team.report", version: 1, input: z.unknown(), handler };
+  const some = defineWorkflow({ ...base, tenants: ["team-*", "acme", "acme"] });
+  assert.deepEqual(some.tenants, ["acme", "team-*"]);
+  assert.equal(new WorkflowRegistry([some]).catalogVersions()[0].tenants, "acme,team-*");
+  const every = defineWorkflow({ ...base, tenants: ["*"] });
+  assert.equal(every.tenants, undefined);
+  assert.equal(new WorkflowRegistry([every]).catalogVersions()[0].tenants, null);
+  assert.equal(new WorkflowRegistry([defineWorkflow(base)]).catalogVersions()[0].tenants, null);
+  for (const tenants of [[], ["Acme"], ["acme)|(.*"], ["a*b"], "acme" as unknown as string[]]) {
+    assert.throws(
+      () => defineWorkflow({ ...base, tenants }),
+      (e: unknown) => e instanceof TypeError && /^workflow team\.report@1: tenants/.test(e.message),
+      JSON.stringify(tenants),
+    );
+  }
+});

@@ -19,7 +19,9 @@
  *
  * Permissions: `--allow-net` (Postgres, the metrics port), `--allow-env`,
  * `--allow-sys=hostname` (the default worker id), plus what your handlers
- * use.
+ * use. Handlers get every permission the process has; to keep the worker's
+ * variables from them, give `workflows` as a function that revokes env
+ * access before it imports their code (see `RunWorkerOptions.workflows`).
  *
  * @module
  */
@@ -53,9 +55,18 @@ export type {
 
 /** What `runWorker` takes. */
 export interface RunWorkerOptions {
-  /** The workflow versions this process hosts (made with `defineWorkflow`); at least one. */
-  // deno-lint-ignore no-explicit-any
-  workflows: readonly Workflow<any>[];
+  /**
+   * The workflow versions this process hosts (made with `defineWorkflow`);
+   * at least one. Or a function returning them, called once the
+   * configuration has been read: it may give up permissions the handlers
+   * must not have (`Deno.permissions.revoke({ name: "env" })`) and then
+   * import their code, so not even a module's top-level code sees them.
+   */
+  workflows:
+    // deno-lint-ignore no-explicit-any
+    | readonly Workflow<any>[]
+    // deno-lint-ignore no-explicit-any
+    | (() => readonly Workflow<any>[] | Promise<readonly Workflow<any>[]>);
   /** The environment to read; `Deno.env` by default. */
   env?: Record<string, string | undefined>;
 }
@@ -78,9 +89,11 @@ export async function runWorker(options: RunWorkerOptions): Promise<number> {
 }
 
 async function serve(options: RunWorkerOptions): Promise<number> {
-  const registry = new WorkflowRegistry(options.workflows);
-  if (registry.list().length === 0) throw new TypeError("runWorker: no workflows given");
   const cfg = readWorkerConfig(options.env ?? processEnv());
+  const registry = new WorkflowRegistry(
+    typeof options.workflows === "function" ? await options.workflows() : options.workflows,
+  );
+  if (registry.list().length === 0) throw new TypeError("runWorker: no workflows given");
   const id = cfg.WORKER_ID ?? defaultWorkerId();
   const log = createLogger("worker", cfg.LOG_LEVEL);
   const { sql, listener } = workerPools(cfg.DATABASE_URL, cfg.DATABASE_POOL_SIZE, id);

@@ -20,8 +20,8 @@
  * A worker hosting a definition registers it in the workflow catalog; the
  * API then validates each run's input against the definition's input as
  * JSON Schema, without loading this code. `name@version` is immutable once
- * registered: change the input, `maxAttempts` or `concurrency` under a new
- * version.
+ * registered: change the input, `maxAttempts`, `concurrency` or `tenants`
+ * under a new version.
  *
  * @module
  */
@@ -29,6 +29,7 @@ import { z } from "zod";
 import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
+import { parseTenantScope } from "../contracts/tenant_scope.ts";
 
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 
@@ -92,6 +93,15 @@ export interface WorkflowOptions<I = unknown> {
    * share the newest admitted run's.
    */
   concurrency?: ConcurrencyLimit;
+  /**
+   * The tenants that may start this version: tenant ids and prefixes
+   * (`["acme", "team-*"]`, contracts/tenant_scope.ts); unset (or `["*"]`):
+   * every tenant. Registered in the catalog with the version; the API
+   * answers any other tenant's run of it as an unknown workflow (422) and
+   * never names it to them. A run naming the workflow without a version
+   * gets the newest version its tenant may start.
+   */
+  tenants?: readonly string[];
   /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
   handler(input: I, ctx: WorkflowContext): Promise<unknown>;
 }
@@ -125,6 +135,17 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
     const problem = concurrencyProblem(options.concurrency);
     if (problem) throw new TypeError(`workflow ${label}: ${problem}`);
   }
+  let tenants: readonly string[] | undefined;
+  if (options.tenants !== undefined) {
+    if (!Array.isArray(options.tenants)) {
+      throw new TypeError(`workflow ${label}: tenants must be a list (["acme", "team-*"])`);
+    }
+    const parsed = parseTenantScope(options.tenants);
+    if (parsed.problem !== undefined) {
+      throw new TypeError(`workflow ${label}: tenants: ${parsed.problem}`);
+    }
+    tenants = parsed.scope.all ? undefined : Object.freeze(parsed.scope.text.split(","));
+  }
   if (typeof options.handler !== "function") {
     throw new TypeError(`workflow ${label}: handler must be a function`);
   }
@@ -140,6 +161,7 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
       limit: options.concurrency.limit,
       ...(options.concurrency.key === undefined ? {} : { key: options.concurrency.key }),
     }),
+    tenants,
     handler: options.handler,
     inputSchema: Object.freeze(inputJsonSchema(options.input)),
     // Marks what defineWorkflow made (isWorkflow), across copies of this module.

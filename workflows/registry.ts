@@ -68,6 +68,7 @@ export class WorkflowRegistry {
       max_attempts: w.maxAttempts ?? null,
       concurrency_limit: w.concurrency?.limit ?? null,
       concurrency_key: w.concurrency?.key ?? null,
+      tenants: w.tenants?.join(",") ?? null,
     }));
   }
 }

@@ -446,7 +446,7 @@ function parseOptions(a, b) {
   if (a && a.shared)
     return a
 
-  const env = process.env // eslint-disable-line
+  const env = readableEnv() // poimen patch: see readableEnv
       , o = (!a || typeof a === 'string' ? b : a) || {}
       , { url, multihost } = parseUrl(a)
       , query = [...url.searchParams].reduce((a, [b, c]) => (a[b] = c, a), {})
@@ -577,6 +577,24 @@ function osUsername() {
   try {
     return os.userInfo().username // eslint-disable-line
   } catch (_) {
-    return process.env.USERNAME || process.env.USER || process.env.LOGNAME  // eslint-disable-line
+    const env = readableEnv() // poimen patch: see readableEnv
+    return env.USERNAME || env.USER || env.LOGNAME  // eslint-disable-line
   }
+}
+
+// poimen patch: the environment as the driver reads it, where a variable the
+// process may not read (no --allow-env, or env access given up, as the stock
+// worker does before it loads handlers) counts as unset instead of making
+// postgres() throw Deno's NotCapable.
+function readableEnv() {
+  return new Proxy({}, {
+    get(_, name) {
+      try {
+        return process.env[name] // eslint-disable-line
+      } catch (err) {
+        if (err && err.name === 'NotCapable') return undefined
+        throw err
+      }
+    }
+  })
 }
