@@ -212,7 +212,9 @@ export class RunWatch implements Service {
    */
   open(tenantId: string, runId: string): RunWatcher {
     const held = this.#perTenant.get(tenantId) ?? 0;
-    if (held >= this.#opts.maxPerTenant) {
+    // A share that is the whole process (the default without the API's
+    // share) is the process's bound: `busy`, below.
+    if (held >= this.#opts.maxPerTenant && this.#opts.maxPerTenant < this.#opts.maxWatchers) {
       throw new PoimenError(
         "too-many-streams",
         `tenant ${tenantId} holds ${this.#opts.maxPerTenant} waits and streams on this API ` +
