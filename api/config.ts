@@ -10,7 +10,7 @@ import {
   readEnv,
 } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
-import { SECOND } from "../core/time.ts";
+import { MINUTE, SECOND } from "../core/time.ts";
 
 export const ApiEnv = z.object({
   ...databaseEnv,
@@ -70,8 +70,18 @@ export const ApiEnv = z.object({
    * once; past it, 503 `busy` with Retry-After.
    */
   RUN_WATCHERS_MAX: positiveInt(10_000),
+  /**
+   * Of those, what one tenant holds at once (default a tenth of
+   * RUN_WATCHERS_MAX, at least 1); past it, a stream is 429
+   * `too-many-streams` and a wait is answered without waiting.
+   */
+  RUN_WATCHERS_PER_TENANT: z.coerce.number().int().positive().optional(),
   /** How often an idle event stream gets a comment line, so proxies keep it open. */
   RUN_STREAM_HEARTBEAT_MS: millis(15 * SECOND),
+  /** The longest an event stream stays open; then it ends and the client resumes. */
+  RUN_STREAM_MAX_MS: z.coerce.number().int().positive().default(15 * MINUTE),
+  /** An event stream whose reader leaves its buffer full this long is disconnected. */
+  RUN_STREAM_STALL_MS: z.coerce.number().int().positive().default(30 * SECOND),
   /**
    * How often the tenants' quotas and the queued runs of tenants with a
    * max_queued are read again (admission/quota.ts): a changed quota takes

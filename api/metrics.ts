@@ -8,6 +8,7 @@
 import client from "prom-client";
 import type { MetricsSource } from "../core/metrics_server.ts";
 import type { BodyBudget } from "./body_budget.ts";
+import type { StreamStats } from "./run_watch.ts";
 import type { QuotaRefusal, QuotaView } from "../admission/quota.ts";
 
 export type ApiMetrics = ReturnType<typeof createApiMetrics>;
@@ -165,6 +166,41 @@ export function createApiMetrics(
         registers,
         collect() {
           this.set(watchers());
+        },
+      });
+    },
+    /**
+     * `poimen_run_stream_buffered_bytes`, `poimen_run_stream_events_total`,
+     * `poimen_run_streams_ended_total{reason}`: what event streams hold and
+     * did (read from `stats` at scrape time; `reason` is a fixed set).
+     */
+    watchRunStreams(stats: StreamStats): void {
+      new client.Gauge({
+        name: "poimen_run_stream_buffered_bytes",
+        help: "Bytes event streams have queued that their readers have not taken yet",
+        registers,
+        collect() {
+          this.set(stats.bufferedBytes);
+        },
+      });
+      new client.Counter({
+        name: "poimen_run_stream_events_total",
+        help: "Events written to event streams",
+        registers,
+        collect() {
+          this.reset();
+          this.inc(stats.eventsSent);
+        },
+      });
+      new client.Counter({
+        name: "poimen_run_streams_ended_total",
+        help: "Event streams ended, by why: final (the run's last event), lifetime " +
+          "(RUN_STREAM_MAX_MS), stalled (RUN_STREAM_STALL_MS), gone (the client), stopped, failed",
+        labelNames: ["reason"] as const,
+        registers,
+        collect() {
+          this.reset();
+          for (const [reason, n] of Object.entries(stats.ended)) this.inc({ reason }, n);
         },
       });
     },

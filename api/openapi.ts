@@ -99,7 +99,8 @@ const PROBLEM_HEADERS: Record<number, Headers> = {
   429: {
     "Retry-After": {
       description: "Whole seconds to wait before retrying: when the tenant's next admission " +
-        "is due (`rate-limited`), or the quota refresh interval (`queue-full`)",
+        "is due (`rate-limited`), or the quota refresh interval (`queue-full`), or a few " +
+        "seconds (`too-many-streams`)",
       schema: z.int().min(1),
     },
   },

@@ -93,7 +93,9 @@ const PREFER_HEADER = {
   Prefer: {
     description: "`wait=N` (RFC 7240): answer once the run is final (`succeeded`, `failed`, " +
       `\`cancelled\`) or after N seconds, whichever is first, with the run as it then is; N above ` +
-      `${MAX_WAIT_SECONDS} is cut to ${MAX_WAIT_SECONDS}. Other preferences are ignored.`,
+      `${MAX_WAIT_SECONDS} is cut to ${MAX_WAIT_SECONDS}. Other preferences are ignored. A ` +
+      "tenant holding its share of waits and streams (RUN_WATCHERS_PER_TENANT) is answered at " +
+      "once, without `Preference-Applied`.",
     schema: z.string(),
     example: "wait=10",
   },
@@ -115,7 +117,14 @@ const WATCH_BUSY = "A problem (RFC 9457): `database-unavailable`, or `busy` when
 const EVENT_STREAM_FORMAT = "Server-sent events (text/event-stream): first `retry: 2000`, then " +
   "one event per run event, oldest first, each `id: <seq>`, `event: <type>` and `data: <the " +
   "event as JSON, a RunEvent>`; new events as they commit; `: keep-alive` comment lines while " +
-  "idle (RUN_STREAM_HEARTBEAT_MS); the stream ends after the run's final event.";
+  "idle (RUN_STREAM_HEARTBEAT_MS); the stream ends after the run's final event, or after " +
+  "RUN_STREAM_MAX_MS with a `: reconnect` comment line (resume with `Last-Event-ID`). A reader " +
+  "that leaves its stream unread for RUN_STREAM_STALL_MS is disconnected.";
+
+/** Why a stream can be a 429. */
+const STREAM_SHARE = "A problem (RFC 9457): `too-many-streams` when the tenant already holds " +
+  "RUN_WATCHERS_PER_TENANT waits and event streams on this API process; retry after " +
+  "`Retry-After` (a `Prefer: wait` past it is answered at once, without waiting)";
 
 /** Every route the API serves. */
 export const ROUTES: Route[] = [
@@ -252,8 +261,8 @@ export const ROUTES: Route[] = [
         }],
       },
     },
-    problems: [401, 403, 404, 503],
-    problemNotes: { 503: WATCH_BUSY },
+    problems: [401, 403, 404, 429, 503],
+    problemNotes: { 429: STREAM_SHARE, 503: WATCH_BUSY },
   },
   {
     method: "get",

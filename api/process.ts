@@ -16,7 +16,7 @@ import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
 import { QuotaGate } from "../admission/quota.ts";
-import { RunWatch } from "./run_watch.ts";
+import { RunWatch, tenantShare } from "./run_watch.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { ApiEnv, readApiConfig } from "./config.ts";
 import { createApp } from "./app.ts";
@@ -91,9 +91,13 @@ export async function main(args: string[]): Promise<number> {
     listen: () =>
       createPool({ url: config.DATABASE_URL, max: 1, applicationName: "poimen-api-watch" }),
     maxWatchers: config.RUN_WATCHERS_MAX,
+    maxPerTenant: config.RUN_WATCHERS_PER_TENANT ?? tenantShare(config.RUN_WATCHERS_MAX),
+    streamMaxMs: config.RUN_STREAM_MAX_MS,
+    streamStallMs: config.RUN_STREAM_STALL_MS,
     log,
   });
   metrics.watchRunWatchers(() => watch.watchers);
+  metrics.watchRunStreams(watch.streamStats);
   const app = createApp({
     sql,
     admission,

@@ -15,13 +15,15 @@
  * recheck every `recheckMs` while anyone watches.
  *
  * The watchers an API process holds are bounded (`maxWatchers`): past it,
- * `open` throws a retryable `busy` (503 with Retry-After). A caller that goes
- * away closes its slot at once.
+ * `open` throws a retryable `busy` (503 with Retry-After). So that one tenant
+ * cannot take them all, each tenant holds at most `maxPerTenant` of them: past
+ * it, `open` throws `too-many-streams` (429 with Retry-After), a limit of the
+ * tenant's own, checked first. A caller that goes away closes its slot at once.
  */
 import { PoimenError } from "../core/errors.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import type { Logger } from "../core/log.ts";
-import { SECOND } from "../core/time.ts";
+import { MINUTE, SECOND } from "../core/time.ts";
 import { Listener } from "../db/listener.ts";
 import { CANCEL_CHANNEL, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
@@ -33,6 +35,19 @@ export interface RunWatchOptions {
   listen: () => Sql;
   /** Watchers (waits and streams) held at once; past it, `busy`. */
   maxWatchers: number;
+  /**
+   * Watchers one tenant holds at once; past it, `too-many-streams`. All of
+   * `maxWatchers` by default; the API gives `tenantShare(maxWatchers)`
+   * unless RUN_WATCHERS_PER_TENANT says otherwise.
+   */
+  maxPerTenant?: number;
+  /** The longest an event stream stays open (api/run_stream.ts); 15 minutes by default. */
+  streamMaxMs?: number;
+  /**
+   * How long an event stream's buffer may stay full (its reader not reading)
+   * before the stream is cut; 30 s by default.
+   */
+  streamStallMs?: number;
   log: Logger;
   /** Checks start at least this far apart (notifications coalesce); 20 ms by default. */
   coalesceMs?: number;
@@ -60,6 +75,48 @@ interface Watched {
   pending: Set<Pending>;
 }
 
+/** A tenant's default share of `maxWatchers` (RUN_WATCHERS_PER_TENANT unset): a tenth, at least 1. */
+export function tenantShare(maxWatchers: number): number {
+  return Math.max(1, Math.floor(maxWatchers / 10));
+}
+
+/** Seconds a tenant past its share is told to wait (`Retry-After`). */
+export const TENANT_SHARE_RETRY_AFTER_SECONDS = 5;
+
+/** Why an event stream ended: a fixed set, so it can label a metric. */
+export type StreamEnd = "final" | "lifetime" | "stalled" | "gone" | "stopped" | "failed";
+
+/**
+ * What this process's event streams hold and did (for metrics): the bytes
+ * queued for readers that have not taken them yet, the events written, the
+ * streams ended by why.
+ */
+export class StreamStats {
+  readonly #buffered = new Set<() => number>();
+  eventsSent = 0;
+  readonly ended: Record<StreamEnd, number> = {
+    final: 0,
+    lifetime: 0,
+    stalled: 0,
+    gone: 0,
+    stopped: 0,
+    failed: 0,
+  };
+
+  /** Counts `buffered()` (one open stream's queued bytes) until the returned function is called. */
+  track(buffered: () => number): () => void {
+    this.#buffered.add(buffered);
+    return () => this.#buffered.delete(buffered);
+  }
+
+  /** Bytes all open streams have queued and their readers not yet taken. */
+  get bufferedBytes(): number {
+    let sum = 0;
+    for (const b of this.#buffered) sum += b();
+    return sum;
+  }
+}
+
 /** A held watcher slot: wait for the run to move, as many times as needed, then close. */
 export interface RunWatcher {
   /**
@@ -77,6 +134,9 @@ export interface RunWatcher {
 export class RunWatch implements Service {
   readonly #sql: Sql;
   readonly #opts: Required<Omit<RunWatchOptions, "listen">>;
+  readonly #perTenant = new Map<string, number>();
+  /** Event streams' counters, read by metrics. */
+  readonly streamStats = new StreamStats();
   readonly #listener: Listener;
   readonly #runs = new Map<string, Watched>();
   #slots = 0;
@@ -95,6 +155,9 @@ export class RunWatch implements Service {
       recheckMs: 5 * SECOND,
       checkBatch: 5000,
       maxWatchers: opts.maxWatchers,
+      maxPerTenant: opts.maxPerTenant ?? opts.maxWatchers,
+      streamMaxMs: opts.streamMaxMs ?? 15 * MINUTE,
+      streamStallMs: opts.streamStallMs ?? 30 * SECOND,
       log: opts.log,
     };
     const poke = () => this.#notified();
@@ -109,6 +172,11 @@ export class RunWatch implements Service {
   /** Watchers held now (for metrics). */
   get watchers(): number {
     return this.#slots;
+  }
+
+  /** An event stream's limits: its lifetime and how long its reader may stall. */
+  get streamLimits(): { maxMs: number; stallMs: number } {
+    return { maxMs: this.#opts.streamMaxMs, stallMs: this.#opts.streamStallMs };
   }
 
   /** Counts notifications: see `RunWatcher.next`. */
@@ -138,8 +206,22 @@ export class RunWatch implements Service {
     await this.#checking;
   });
 
-  /** Takes a watcher slot for one run; throws `busy` when all are taken. */
+  /**
+   * Takes a watcher slot for one run; throws `too-many-streams` when the
+   * tenant holds its share, `busy` when all are taken.
+   */
   open(tenantId: string, runId: string): RunWatcher {
+    const held = this.#perTenant.get(tenantId) ?? 0;
+    // A share that is the whole process (the default without the API's
+    // share) is the process's bound: `busy`, below.
+    if (held >= this.#opts.maxPerTenant && this.#opts.maxPerTenant < this.#opts.maxWatchers) {
+      throw new PoimenError(
+        "too-many-streams",
+        `tenant ${tenantId} holds ${this.#opts.maxPerTenant} waits and streams on this API ` +
+          `process (RUN_WATCHERS_PER_TENANT); close one or retry later`,
+        { retryAfterSeconds: TENANT_SHARE_RETRY_AFTER_SECONDS },
+      );
+    }
     if (this.#slots >= this.#opts.maxWatchers) {
       throw new PoimenError(
         "busy",
@@ -147,6 +229,7 @@ export class RunWatch implements Service {
       );
     }
     this.#slots++;
+    this.#perTenant.set(tenantId, held + 1);
     const key = `${tenantId}/${runId}`;
     let closed = false;
     return {
@@ -155,6 +238,9 @@ export class RunWatch implements Service {
         if (closed) return;
         closed = true;
         this.#slots--;
+        const left = (this.#perTenant.get(tenantId) ?? 1) - 1;
+        if (left > 0) this.#perTenant.set(tenantId, left);
+        else this.#perTenant.delete(tenantId);
       },
     };
   }

@@ -294,8 +294,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         c.set("admittedAt", performance.now());
         // The body is parsed: its share of the budget goes back before the wait.
         c.get("releaseBody")?.();
-        c.header("Preference-Applied", `wait=${wait}`);
-        const row = await readRunWaiting(
+        const { row, applied } = await readRunWaiting(
           sql,
           deps.watch,
           principal.tenantId,
@@ -303,6 +302,7 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
           wait,
           c.req.raw.signal,
         );
+        if (applied) c.header("Preference-Applied", `wait=${wait}`);
         if (row) run = toRun(row);
       }
       if (result.created) {
@@ -324,11 +324,11 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     const tenantId = c.get("principal").tenantId;
     const wait = deps.watch && preferredWait(c.req.header("prefer"));
     if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
-    const row = deps.watch && wait !== undefined
+    const { row, applied } = deps.watch && wait !== undefined
       ? await readRunWaiting(sql, deps.watch, tenantId, runId, wait, c.req.raw.signal)
-      : await selectRun(sql, tenantId, runId, { waiting: true });
+      : { row: await selectRun(sql, tenantId, runId, { waiting: true }), applied: false };
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
-    if (wait !== undefined) c.header("Preference-Applied", `wait=${wait}`);
+    if (applied) c.header("Preference-Applied", `wait=${wait}`);
     return c.json(toRun(row));
   });
 

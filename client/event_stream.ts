@@ -28,10 +28,22 @@ export class EventStreamParser {
   #data = "";
   #lastEventId = "";
   #retryMs: number | undefined;
+  #comments: string[] = [];
 
   /** The reconnection time the stream last asked for (`retry:`), in ms; undefined until it does. */
   get retryMs(): number | undefined {
     return this.#retryMs;
+  }
+
+  /**
+   * The comment lines (without the `:` and one leading space) seen since
+   * the last call, oldest first: poimen ends a stream at its lifetime with
+   * `: reconnect…`.
+   */
+  takeComments(): string[] {
+    const comments = this.#comments;
+    this.#comments = [];
+    return comments;
   }
 
   /** The last event ID the stream set, dispatched or not yet. */
@@ -65,7 +77,12 @@ export class EventStreamParser {
 
   #line(line: string): ServerSentEvent | undefined {
     if (line === "") return this.#dispatch();
-    if (line.startsWith(":")) return undefined;
+    if (line.startsWith(":")) {
+      // Bounded: a stream of comments alone keeps only the last few.
+      if (this.#comments.length >= 16) this.#comments.shift();
+      this.#comments.push(line.slice(line.startsWith(": ") ? 2 : 1));
+      return undefined;
+    }
     const colon = line.indexOf(":");
     const field = colon === -1 ? line : line.slice(0, colon);
     let value = colon === -1 ? "" : line.slice(colon + 1);

@@ -25,6 +25,12 @@ export const FINAL_EVENT_TYPES: ReadonlySet<string> = new Set(
   [...FINAL_STATUSES].map((s) => `run.${s}`),
 );
 
+/**
+ * The comment line the API ends a stream with when the stream reached its
+ * lifetime (RUN_STREAM_MAX_MS): the run goes on, connect again at once.
+ */
+export const RECONNECT_COMMENT = "reconnect";
+
 /** What `onReconnect` is told before `followRun` connects again. */
 export interface ReconnectInfo {
   /** The last seq yielded (sent as `Last-Event-ID`); 0 when none. */
@@ -118,6 +124,8 @@ async function* follow(
       signal.addEventListener("abort", abort, { once: true });
       let dropped: unknown;
       let yielded = 0;
+      // The API said the stream reached its lifetime: reconnect at once.
+      let lifetimeEnd = false;
       let idle: ReturnType<typeof setTimeout> | undefined;
       try {
         const body = await deps.open(after, connection.signal);
@@ -133,7 +141,11 @@ async function* follow(
             const { done, value } = await reader.read();
             if (done) break;
             arm();
-            for (const sse of parser.push(decoder.decode(value, { stream: true }))) {
+            const events = parser.push(decoder.decode(value, { stream: true }));
+            for (const comment of parser.takeComments()) {
+              if (comment.startsWith(RECONNECT_COMMENT)) lifetimeEnd = true;
+            }
+            for (const sse of events) {
               const event = runEvent(sse.data);
               // A repeat (an API that resent it) is dropped: each event once.
               if (event.seq <= after) continue;
@@ -161,6 +173,12 @@ async function* follow(
       }
       // The final event came: whatever ended the stream after it, that is all.
       if (finalSeen) return;
+      if (dropped === undefined && lifetimeEnd) {
+        // Not the run's end: the API ends streams at their lifetime.
+        fruitless = 0;
+        opts.onReconnect?.({ after, delayMs: 0, error: undefined });
+        continue;
+      }
       if (dropped === undefined) {
         // The API ended the stream without the final event: it is stopping,
         // or the run is final and its last events were purged. Ask.

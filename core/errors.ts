@@ -61,6 +61,16 @@ export const ERRORS = {
     title: "The tenant's admission rate is exceeded",
     retryable: true,
   },
+  /**
+   * The tenant holds its share of this API process's waits and event streams
+   * (RUN_WATCHERS_PER_TENANT): a new stream is refused, with Retry-After,
+   * whatever other tenants hold. A wait past it is answered without waiting.
+   */
+  "too-many-streams": {
+    status: 429,
+    title: "The tenant holds its share of waits and event streams",
+    retryable: true,
+  },
   config: { status: 500, title: "Invalid configuration", retryable: false },
   /**
    * A worker's definition of a `name@version` differs from the one in the

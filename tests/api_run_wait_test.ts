@@ -2,7 +2,8 @@ import assert from "node:assert/strict";
 import { MAX_WAIT_SECONDS, preferredWait } from "../api/run_wait.ts";
 import { lastEventId } from "../api/run_stream.ts";
 import { wantsEventStream } from "../api/runs.ts";
-import { RunWatch } from "../api/run_watch.ts";
+import { RunWatch, tenantShare } from "../api/run_watch.ts";
+import { PoimenError } from "../core/errors.ts";
 import { silentLogger } from "../core/log.ts";
 import { createPool } from "../db/pool.ts";
 import { freshDatabase } from "./support/db.ts";
@@ -76,4 +77,37 @@ Deno.test("run watch: a watcher wakes on a NOTIFY after its run moved, not befor
     await watch.stop();
     await db.drop();
   }
+});
+
+Deno.test("run watch: a tenant holds at most its share, refused with too-many-streams and Retry-After while others still get slots; closing gives it back; the default share is a tenth", () => {
+  assert.equal(tenantShare(10_000), 1000);
+  assert.equal(tenantShare(5), 1);
+  // Never started and never checked: opening and closing slots needs no database.
+  const pool = { url: "postgres://unused@127.0.0.1:1/x", max: 1, applicationName: "unused" };
+  const watch = new RunWatch(createPool(pool), {
+    listen: () => createPool(pool),
+    maxWatchers: 3,
+    maxPerTenant: 1,
+    log: silentLogger,
+  });
+  const run = crypto.randomUUID();
+  const first = watch.open("acme", run);
+  const refusal = (() => {
+    try {
+      watch.open("acme", run);
+    } catch (err) {
+      return err;
+    }
+  })();
+  assert.ok(refusal instanceof PoimenError);
+  assert.equal(refusal.code, "too-many-streams");
+  assert.equal(refusal.status, 429);
+  assert.ok((refusal.retryAfterSeconds ?? 0) >= 1);
+  const other = watch.open("globex", run);
+  assert.equal(watch.watchers, 2);
+  first.close();
+  first.close();
+  watch.open("acme", run).close();
+  other.close();
+  assert.equal(watch.watchers, 0);
 });

@@ -158,6 +158,9 @@ waitTest(
   "waiters are bounded: past RUN_WATCHERS_MAX a wait is 503 busy with Retry-After, and a client that goes away frees its slot at once",
   {
     RUN_WATCHERS_MAX: "2",
+    // One tenant may take both here (a share of the whole process is the
+    // process's bound): this tests the process's bound, not the tenant's.
+    RUN_WATCHERS_PER_TENANT: "2",
   },
   async (ctx) => {
     const run = await (await ctx.post({ workflow_ref: "sleep", input: { ms: 60_000 } })).json();

@@ -112,20 +112,23 @@ function pause(ms, signal) {
 }
 
 // Reads a server-sent event stream until it ends, calling \`onEvent\` for each
-// event (an id: line); comment lines only keep it open. Resolves with how
-// many events came.
+// event (an id: line); comment lines only keep it open, but \`: reconnect\`
+// says the stream reached its lifetime (the run goes on). Resolves with how
+// many events came, and whether it ended so.
 async function readEvents(body, onEvent) {
   const reader = body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
   let events = 0;
+  let reconnect = false;
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return events;
+    if (done) return { events, reconnect };
     buffer += decoder.decode(value, { stream: true });
     const blocks = buffer.split(/\\r?\\n\\r?\\n/);
     buffer = blocks.pop();
     for (const block of blocks) {
+      if (/^: ?reconnect/m.test(block)) reconnect = true;
       if (/^id:/m.test(block)) {
         events++;
         onEvent();
@@ -189,19 +192,20 @@ async function follow() {
     if (res && !res.ok) {
       return setLive("off", \`Not live (\${await problemText(res)}). Reload to update.\`, true);
     }
-    let events = 0;
+    let ended = { events: 0, reconnect: false };
     if (res?.body) {
       opened = true;
       setLive("live", "Live: this page updates as the run changes.", false);
       try {
-        events = await readEvents(res.body, () => {
+        ended = await readEvents(res.body, () => {
           refresh().catch((err) => showError(String(err)));
         });
       } catch {
         if (stop.signal.aborted) return;
       }
     }
-    empty = events > 0 ? 0 : empty + 1;
+    // A stream that reached its lifetime is no sign of a stopping API.
+    empty = ended.events > 0 || ended.reconnect ? 0 : empty + 1;
     if (empty >= MAX_EMPTY_STREAMS) {
       return setLive("off", "Not live: the stream keeps ending. Reload to update.", true);
     }
