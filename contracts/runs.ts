@@ -230,7 +230,7 @@ export const RunRequest = z.strictObject({
   ),
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
-      "1–255 printable characters",
+      "1–255 printable characters; the prefix `kafka:` is reserved to the inbox relay",
   ),
   // Piped: the bounds are checked only on a well-formed time.
   run_after: z.iso.datetime({ offset: true }).pipe(
