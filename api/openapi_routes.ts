@@ -143,7 +143,8 @@ export const ROUTES: Route[] = [
       [HEADERS.idempotencyKey]: {
         description: "The dispatch key as a header (IETF draft `Idempotency-Key`): bare " +
           '(`order-42`) or an sf-string (`"order-42"`, RFC 8941: `\\"` and `\\\\` escaped), ' +
-          "then the rules of the body's `dispatch_key`, in printable ASCII. The same as that " +
+          "then the rules of the body's `dispatch_key`, in printable ASCII, without a comma " +
+          "(a repeated header arrives joined by `, `: sent once). The same as that " +
           "field; given both, they must be equal (otherwise a 422 at `header.Idempotency-Key`)",
         schema: IdempotencyKeyHeader,
         example: '"order-42"',

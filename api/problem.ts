@@ -19,6 +19,15 @@ export function problemResponse(c: Context, err: unknown, log: Logger): Response
       code: pe.code,
       error: e instanceof Error ? e.message : String(e),
     });
+  } else if (pe.code === "invalid-data") {
+    // A value the door let through and Postgres refused: a check to add.
+    // Its SQLSTATE only: Postgres' message may quote the caller's data.
+    log.warn("request data refused by the database", {
+      method: c.req.method,
+      path: c.req.path,
+      code: pe.code,
+      sqlstate: (pe.cause as { code?: string } | undefined)?.code,
+    });
   }
   const body: Problem = {
     ...(e instanceof PoimenError ? pe.extensions : undefined),

@@ -22,6 +22,7 @@ import {
   HEADERS,
   IdempotencyKeyHeader,
   ListRunsQuery,
+  RELAY_KEY_PREFIX,
   type Run,
   type RunEvent,
   RunRequest,
@@ -29,6 +30,7 @@ import {
   type WaitingFor,
 } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
+import type { Principal } from "./auth.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
 import type { BodyBudget } from "./body_budget.ts";
@@ -241,6 +243,29 @@ export function withIdempotencyKey(body: RunRequest, header: string | undefined)
   return { ...body, dispatch_key: key };
 }
 
+/**
+ * Refuses a dispatch key in the relay's reserved namespace (`kafka:`, see
+ * `RELAY_KEY_PREFIX`) unless a service token sends it as the key of its own
+ * `Poimen-Source`, as the relay does for a keyless message: 422 naming the
+ * field the key came from.
+ */
+export function refuseReservedKey(
+  body: RunRequest,
+  fromHeader: boolean,
+  principal: Pick<Principal, "kind">,
+  source: string,
+): void {
+  const key = body.dispatch_key;
+  if (key == null || !key.startsWith(RELAY_KEY_PREFIX)) return;
+  if (principal.kind === "service" && key === source) return;
+  throw new PoimenError("validation", "the request does not match the schema", {
+    errors: [{
+      path: fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key",
+      message: `the prefix ${RELAY_KEY_PREFIX} is reserved for the keys the inbox relay derives`,
+    }],
+  });
+}
+
 /** Routes under /v1/runs. */
 export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   const { sql, admission, metrics } = deps;
@@ -268,16 +293,21 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     requireJson,
     limitBody(deps.bodyLimit, deps.bodyBudget),
     async (c) => {
-      const body = withIdempotencyKey(
-        parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs)),
-        c.req.header(HEADERS.idempotencyKey),
-      );
+      const parsed = parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs));
+      const keyHeader = c.req.header(HEADERS.idempotencyKey);
+      const body = withIdempotencyKey(parsed, keyHeader);
       const principal = c.get("principal");
       // Only a service token (the relay) may say where a request came from.
       const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
       const source = claimed === undefined
         ? `http:${principal.name}`
         : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
+      refuseReservedKey(
+        body,
+        parsed.dispatch_key == null && keyHeader !== undefined,
+        principal,
+        source,
+      );
       const admit = () =>
         admission.admit(body, {
           tenantId: principal.tenantId,

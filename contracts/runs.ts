@@ -173,6 +173,44 @@ export const MAX_PRIORITY = 10;
 export const MAX_RUN_AFTER_DAYS = 365;
 const MAX_RUN_AFTER_MS = MAX_RUN_AFTER_DAYS * 24 * 3600 * 1000;
 
+/**
+ * The earliest year a `run_after` may name. Any earlier time means "now"
+ * just the same, and Postgres' timestamptz refuses some of them (year 0000):
+ * a bound of our own keeps every accepted time one Postgres takes.
+ */
+export const MIN_RUN_AFTER_YEAR = 1970;
+/**
+ * The largest UTC offset of a `run_after`, in hours (minutes up to 59):
+ * Postgres refuses offsets of 16 hours and more, though RFC 3339 allows 23.
+ * No time zone is ahead of +14:00 or behind -12:00.
+ */
+export const MAX_RUN_AFTER_OFFSET_HOURS = 15;
+
+/**
+ * Why an RFC 3339 time (already of the right shape) is not a `run_after`
+ * Postgres and poimen accept, or undefined when it is one.
+ */
+export function runAfterProblem(at: string, now: number = Date.now()): string | undefined {
+  const year = Number(at.slice(0, 4));
+  if (!(year >= MIN_RUN_AFTER_YEAR)) return `a year from ${MIN_RUN_AFTER_YEAR} on`;
+  const offset = /([+-])(\d\d):\d\d$/.exec(at);
+  if (offset && Number(offset[2]) > MAX_RUN_AFTER_OFFSET_HOURS) {
+    return `an offset within ±${MAX_RUN_AFTER_OFFSET_HOURS}:59`;
+  }
+  if (Date.parse(at) > now + MAX_RUN_AFTER_MS) return `at most ${MAX_RUN_AFTER_DAYS} days ahead`;
+  return undefined;
+}
+
+/**
+ * The prefix of the dispatch keys the inbox relay derives for keyless
+ * messages (`kafka:<topic>/<partition>/<offset>`, the message's
+ * `Poimen-Source` too). Reserved: only a service token may admit a key with
+ * it, and only the key equal to its request's `Poimen-Source`, so no caller
+ * can take the key of a keyless message not yet relayed and have that
+ * message replay a run of the caller's making.
+ */
+export const RELAY_KEY_PREFIX = "kafka:";
+
 // goal_id and dispatch_key, in a body and as query filters.
 const label = () => z.string().min(1).max(255).regex(PRINTABLE, "printable characters only");
 
@@ -192,16 +230,19 @@ export const RunRequest = z.strictObject({
   ),
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
-      "1–255 printable characters",
+      "1–255 printable characters; the prefix `kafka:` is reserved to the inbox relay",
   ),
-  run_after: z.iso.datetime({ offset: true }).refine(
-    // Not a time (NaN) is the format check's to report, once.
-    (at) => !(Date.parse(at) > Date.now() + MAX_RUN_AFTER_MS),
-    `at most ${MAX_RUN_AFTER_DAYS} days ahead`,
+  // Piped: the bounds are checked only on a well-formed time.
+  run_after: z.iso.datetime({ offset: true }).pipe(
+    z.string().superRefine((at, ctx) => {
+      const problem = runAfterProblem(at);
+      if (problem) ctx.addIssue({ code: "custom", message: problem });
+    }),
   ).nullable().optional().describe(
     "Start later: no attempt before this time. RFC 3339 with an offset " +
       `(\`2030-01-01T09:00:00+01:00\` or \`…Z\`), at most ${MAX_RUN_AFTER_DAYS} days ahead; ` +
-      "a time in the past means now. A replay of the dispatch key returns the first run, " +
+      `a year from ${MIN_RUN_AFTER_YEAR} on, an offset within ±${MAX_RUN_AFTER_OFFSET_HOURS}:59. ` +
+      "A time in the past means now. A replay of the dispatch key returns the first run, " +
       "whatever its run_after",
   ),
   priority: z.number().int().min(MIN_PRIORITY).max(MAX_PRIORITY).nullable().optional().describe(
@@ -353,10 +394,17 @@ export function idempotencyKeyOf(value: string): string | undefined {
  * `Idempotency-Key` on `POST /v1/runs`: a dispatch key as a header, bare
  * (`abc`) or an sf-string (`"abc"`), then the same rules as the body's
  * `dispatch_key`. Printable ASCII only: a header's bytes have no agreed
- * encoding, so a key with other characters goes in the body.
+ * encoding, so a key with other characters goes in the body. No comma: a
+ * header sent twice reaches the API as its values joined by `, `
+ * (`a, b`), which a key containing a comma cannot be told apart from.
  */
 export const IdempotencyKeyHeader = z.string().min(1)
   .regex(/^[\x20-\x7e]*$/, "printable ASCII only (send other keys as the body's dispatch_key)")
+  .refine(
+    (value) => !value.includes(","),
+    "given more than once, or containing a comma (which cannot be told from a repeated " +
+      "header): send the header once, and a key with a comma as the body's dispatch_key",
+  )
   .transform((value, ctx) => {
     const key = idempotencyKeyOf(value);
     if (key === undefined) {

@@ -18,12 +18,14 @@ export interface RunRequest {
   goal_id?: string | null;
   /**
    * Caller-chosen identity of the intended run: the same (tenant,
-   * dispatch_key) makes one run (printable, at most 255 characters).
+   * dispatch_key) makes one run (printable, at most 255 characters; the
+   * prefix `kafka:` is the inbox relay's own).
    */
   dispatch_key?: string | null;
   /**
    * Start later: no attempt before this time. RFC 3339 with an offset, at
-   * most 365 days ahead; a time in the past means now.
+   * most 365 days ahead, a year from 1970 on, an offset within ±15:59; a
+   * time in the past means now.
    */
   run_after?: string | null;
   /**

@@ -25,6 +25,18 @@ export const ERRORS = {
   "bad-json": { status: 400, title: "Request body is not valid JSON", retryable: false },
   validation: { status: 422, title: "Request does not match the schema", retryable: false },
   "unknown-workflow": { status: 422, title: "Unknown workflow", retryable: false },
+  /**
+   * Postgres refused a value of the request (a data exception, SQLSTATE
+   * class 22, or an integrity violation, class 23, other than a dispatch
+   * key's dedup, which is no error): the door should have refused it as
+   * `validation`, and missed. The same request fails every time, so it is a
+   * final 4xx (the relay dead-letters it), never a retryable 500.
+   */
+  "invalid-data": {
+    status: 422,
+    title: "The database cannot store a value of the request",
+    retryable: false,
+  },
   "body-too-large": { status: 413, title: "Request body too large", retryable: false },
   "unsupported-media-type": {
     status: 415,

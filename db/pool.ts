@@ -53,11 +53,53 @@ export function isUnavailable(err: unknown): boolean {
   return UNAVAILABLE_ERRNO.has(code) || UNAVAILABLE_SQLSTATE.test(code);
 }
 
-/** Wraps a database failure as the typed error the API maps to 503 when it is an outage. */
+// What a refused value was, by SQLSTATE, in words safe to show a caller:
+// Postgres' own message may quote SQL, a column or another row's value.
+const REFUSED_DATA: Record<string, string> = {
+  "22001": "a string is too long",
+  "22003": "a number is out of range",
+  "22007": "a date or time is malformed",
+  "22008": "a date or time is out of range",
+  "22009": "a time zone offset is out of range",
+  "22021": "a string holds a character the database cannot store",
+  "22P02": "a value is malformed",
+  "22P05": "a string holds a character the database cannot store",
+  "23502": "a required value is missing",
+  "23503": "a value refers to something that does not exist",
+  "23514": "a value is outside what is allowed",
+};
+
+/**
+ * Whether `err` is Postgres refusing the data of a statement: a data
+ * exception (SQLSTATE class 22) or an integrity violation (class 23) other
+ * than a unique violation (23505: the dispatch key's dedup is `ON CONFLICT`
+ * and never throws, and any other is a race worth retrying).
+ */
+export function isRefusedData(err: unknown): boolean {
+  if (!(err instanceof Error) || err.name !== "PostgresError") return false;
+  const code = (err as { code?: string }).code ?? "";
+  return /^2[23]/.test(code) && code !== "23505";
+}
+
+/**
+ * Wraps a database failure as the typed error the API maps: an outage to a
+ * retryable 503 (`database-unavailable`), a value Postgres refused to a
+ * final 422 (`invalid-data`, with a safe message and the SQLSTATE, never
+ * Postgres' own text); anything else passes through (a 500).
+ */
 export function toDbError(err: unknown): unknown {
   if (err instanceof PoimenError) return err;
   if (isUnavailable(err)) {
     return new PoimenError("database-unavailable", "the database is unavailable", { cause: err });
+  }
+  if (isRefusedData(err)) {
+    const code = (err as { code: string }).code;
+    const what = REFUSED_DATA[code] ?? "a value is one the database does not accept";
+    return new PoimenError(
+      "invalid-data",
+      `the database refused the request's data: ${what} (SQLSTATE ${code})`,
+      { cause: err },
+    );
   }
   return err;
 }

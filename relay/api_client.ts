@@ -5,7 +5,7 @@
  * that is what makes "no bypass" mechanical (the README's "The inbox relay").
  */
 import { activeTraceparent, inSpan, remoteContext } from "../core/tracing.ts";
-import { HEADERS } from "../contracts/runs.ts";
+import { HEADERS, RELAY_KEY_PREFIX } from "../contracts/runs.ts";
 import { type ErrorCode, ERRORS } from "../core/errors.ts";
 import { backoffWithJitter } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";
@@ -52,7 +52,8 @@ export type TransientReason = ErrorCode | "network" | "timeout" | "unexpected-re
 /**
  * The poimen problem codes that make a dispatch message permanently
  * unadmittable as it is: the value itself is wrong (not JSON, not the schema,
- * too large, or sent with a type the API refuses), so retrying cannot help
+ * a value Postgres cannot store, too large, or sent with a type the API
+ * refuses), so retrying cannot help
  * and the message is dead-lettered. A code is permanent only when it is on
  * this list AND the problem body says `retryable: false`; anything else is
  * retried. Deliberately NOT here:
@@ -70,6 +71,7 @@ export type TransientReason = ErrorCode | "network" | "timeout" | "unexpected-re
 export const PERMANENT_PROBLEMS: ReadonlySet<string> = new Set<ErrorCode>([
   "bad-json",
   "validation",
+  "invalid-data",
   "body-too-large",
   "unsupported-media-type",
 ]);
@@ -159,7 +161,7 @@ export type PreparedBody =
 
 /** The dispatch key of a keyless message: where it sits in Kafka, which redelivery never changes. */
 export function derivedDispatchKey(topic: string, partition: number, offset: bigint): string {
-  return `kafka:${topic}/${partition}/${offset}`;
+  return `${RELAY_KEY_PREFIX}${topic}/${partition}/${offset}`;
 }
 
 /**

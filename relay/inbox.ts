@@ -341,7 +341,11 @@ export class InboxRelay implements Service {
     const { m } = job;
     const tenant = p.tenant;
     const where = { tenant, topic: m.topic, partition: m.partition, offset: String(m.offset) };
-    const prepared = prepareBody(m.value, derivedDispatchKey(m.topic, m.partition, m.offset));
+    // Where the message is: its source, and the dispatch key of a keyless
+    // one. The same string: the API admits a key of the relay's namespace
+    // only as the key of its request's own source.
+    const at = derivedDispatchKey(m.topic, m.partition, m.offset);
+    const prepared = prepareBody(m.value, at);
     if ("error" in prepared) {
       const now = new Date();
       p.decided(job);
@@ -357,7 +361,7 @@ export class InboxRelay implements Service {
     const request = {
       tenant,
       body: prepared.body,
-      source: `kafka:${m.topic}/${m.partition}/${m.offset}`,
+      source: at,
       traceparent: m.headers.traceparent,
       tracestate: m.headers.tracestate,
     };

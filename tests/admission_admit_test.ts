@@ -6,6 +6,7 @@
  */
 import assert from "node:assert/strict";
 import { Admission, type AdmissionStatements, type AdmitResult } from "../admission/admit.ts";
+import { PoimenError } from "../core/errors.ts";
 import { type AdmittedRow, insertRuns, selectRunsByDispatchKey } from "../db/admission.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
@@ -144,6 +145,45 @@ Deno.test("admission: when the follow-up select keeps failing, only the keys it 
     assert.equal(calls.insert, 2, "nothing inserted again");
     assert.equal(calls.select, 3, "the follow-up alone was retried, a bounded number of times");
     assert.equal((await runsOf(db.sql, tenant)).length, 4);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("admission: a value Postgres refuses fails its own caller alone, with a final invalid-data; the rest of its batch is admitted", async () => {
+  const db = await freshDatabase();
+  const tenant = "adm-refused";
+  try {
+    await insertTenant(db.sql, tenant);
+    const admission = new Admission(db.sql, catalogOf(), { maxBatch: 10, maxConcurrent: 1 });
+    // Past the door's schema (the kernel takes it as validated): what it would let through if
+    // it missed a bound.
+    const bad = [
+      { input: { bad: 1 }, run_after: "0000-01-01T00:00:00Z" },
+      { input: { bad: 2 }, run_after: "2030-01-01T00:00:00+16:00" },
+      { input: { bad: 3 }, priority: 40_000 },
+    ];
+    const { warmup, results } = admitBatch(admission, tenant, [
+      { input: { i: 1 } },
+      ...bad,
+      { input: { i: 2 }, dispatch_key: "k" },
+    ]);
+    await warmup;
+    const got = await results;
+    for (const r of [got[0], got[4]]) {
+      assert.ok("value" in r && r.value.created, `rejected: ${"error" in r ? r.error : ""}`);
+    }
+    for (const r of got.slice(1, 4)) {
+      assert.ok("error" in r, "refused");
+      const err = r.error as PoimenError;
+      assert.ok(err instanceof PoimenError, String(err));
+      assert.equal(err.code, "invalid-data", err.message);
+      assert.equal(err.status, 422);
+      assert.equal(err.retryable, false);
+    }
+    const runs = await runsOf(db.sql, tenant);
+    assert.equal(runs.length, 3, "the warm-up and the two good ones");
+    assert.ok(runs.every((r) => r.n === 1));
   } finally {
     await db.drop();
   }

@@ -148,7 +148,7 @@ Deno.test("api_idempotency_key: Idempotency-Key is the dispatch key, replays, an
         ['"order-7', /sf-string/],
         ['"order-7";p=1', /sf-string/],
         ['"a\\nb"', /sf-string/],
-        ['"a", "b"', /sf-string/],
+        ['"a", "b"', /more than once/],
         ["x".repeat(256), /Too big|255/],
         ["caf\u00e9", /printable ASCII/],
         ["a\tb", /printable ASCII/],
@@ -162,6 +162,31 @@ Deno.test("api_idempotency_key: Idempotency-Key is the dispatch key, replays, an
       const longest = "k".repeat(255);
       assert.equal((await admit({}, { "Idempotency-Key": `"${longest}"` })).status, 201);
       assert.equal((await admit({}, { "Idempotency-Key": longest })).status, 200);
+    });
+
+    await t.step("the header twice: 422 naming the header, whichever the keys", async () => {
+      const twice = (a: string, b: string) => () => {
+        const headers = new Headers({
+          authorization: `Bearer ${token}`,
+          "content-type": "application/json",
+        });
+        headers.append("Idempotency-Key", a);
+        headers.append("Idempotency-Key", b);
+        return app.request("/v1/runs", {
+          method: "POST",
+          body: JSON.stringify({ workflow_ref: "echo" }),
+          headers,
+        });
+      };
+      // Joined as "a, b" on the way in: no key, not the first or the last.
+      await refused(twice("order-9", "order-10"), /more than once/);
+      await refused(twice("order-9", "order-9"), /more than once/);
+      await refused(twice('"order-9"', '"order-10"'), /more than once/);
+      // A key with a comma cannot be told apart from that: it goes in the body.
+      await refused(() => admit({}, { "Idempotency-Key": "a,b" }), /comma/);
+      assert.equal(await runsWithKey("order-9") + await runsWithKey("order-10"), 0);
+      const inBody = await admit({ dispatch_key: "a,b" });
+      assert.equal(inBody.status, 201, "a comma is fine in the body's dispatch_key");
     });
 
     await t.step("concurrent requests with one header make one run", async () => {

@@ -8,7 +8,11 @@
  *   deno test -A tests/db_pool_test.ts
  */
 import assert from "node:assert/strict";
-import { createPool, type Sql } from "../db/pool.ts";
+import { Hono } from "hono";
+import { createPool, isRefusedData, type Sql, toDbError } from "../db/pool.ts";
+import { PoimenError, PROBLEM_BASE } from "../core/errors.ts";
+import { createLogger } from "../core/log.ts";
+import { problemResponse } from "../api/problem.ts";
 import { ADMIN_URL, freshDatabase, waitFor } from "./support/db.ts";
 
 /** Terminates every backend of `db` whose application_name is `app`; how many. */
@@ -104,6 +108,80 @@ Deno.test("pool: repeated kills during connects, queries and transactions leave 
     going = false;
     await sql.end({ timeout: 1 });
     await admin.end();
+    await db.drop();
+  }
+});
+
+Deno.test("pool: a value Postgres refuses (SQLSTATE 22, 23) is a final 422 invalid-data, no SQL shown; an outage or a unique violation is not", async () => {
+  const db = await freshDatabase();
+  const lines: string[] = [];
+  const log = createLogger("test", "info", (line) => lines.push(line));
+  // The one HTTP mapping (api/problem.ts), around real statements.
+  const app = new Hono();
+  app.onError((err, c) => problemResponse(c, err, log));
+  const refusals: [string, string, () => Promise<unknown>][] = [
+    ["year 0000", "22008", () => db.sql`select ${"0000-01-01T00:00:00Z"}::text::timestamptz`],
+    [
+      "offset +16:00",
+      "22009",
+      () => db.sql`select ${"2030-01-01T00:00:00+16:00"}::text::timestamptz`,
+    ],
+    ["smallint overflow", "22003", () => db.sql`select ${"40000"}::smallint`],
+    ["NUL in text", "22021", () => db.sql`select ${"a\u0000b"}::text`],
+    ["\\u0000 in jsonb", "22P05", () => db.sql`select ${'{"a":"\\u0000"}'}::text::jsonb`],
+    ["a check constraint", "23514", () => db.sql`insert into tenants values (${"Not An Id"})`],
+    [
+      "a not-null column",
+      "23502",
+      () => db.sql`insert into tenants (tenant_id) values (${null})`,
+    ],
+  ];
+  try {
+    app.get("/:i", async (c) => {
+      await refusals[Number(c.req.param("i"))][2]();
+      return new Response("unreachable");
+    });
+    for (const [i, [what, sqlstate, statement]] of refusals.entries()) {
+      const err = await statement().then(() => undefined, (e) => e);
+      assert.ok(err instanceof Error, `${what}: refused`);
+      assert.equal((err as { code?: string }).code, sqlstate, `${what}: ${err.message}`);
+      assert.ok(isRefusedData(err), what);
+      const mapped = toDbError(err);
+      assert.ok(mapped instanceof PoimenError, what);
+      assert.equal(mapped.code, "invalid-data", what);
+      assert.equal(mapped.retryable, false, what);
+
+      lines.length = 0;
+      const res = await app.request(`/${i}`);
+      const body = await res.json();
+      assert.equal(res.status, 422, `${what}: ${JSON.stringify(body)}`);
+      assert.equal(body.type, PROBLEM_BASE + "invalid-data");
+      assert.equal(body.retryable, false);
+      assert.match(body.detail, new RegExp(`SQLSTATE ${sqlstate}\\)$`), what);
+      // Postgres' own text (which quotes values and SQL) is not shown, nor logged.
+      for (const text of [body.detail, ...lines]) {
+        assert.ok(!text.includes(err.message), `${what}: ${text}`);
+        assert.ok(!/select|insert|tenants|0000-01|40000/.test(text), `${what}: ${text}`);
+      }
+      assert.equal(lines.length, 1, `${what}: one warning`);
+      assert.match(lines[0], new RegExp(`"sqlstate":"${sqlstate}"`));
+    }
+
+    // A unique violation (a race, or a bug) and an outage keep their answers.
+    await db.sql`insert into tenants (tenant_id) values ('t1')`;
+    const dup = await db.sql`insert into tenants (tenant_id) values ('t1')`.then(
+      () => {},
+      (e) => e,
+    );
+    assert.equal(dup.code, "23505");
+    assert.ok(!isRefusedData(dup));
+    assert.ok(!(toDbError(dup) instanceof PoimenError), "a unique violation stays a 500");
+    const gone = Object.assign(new Error("terminating connection"), {
+      name: "PostgresError",
+      code: "57P01",
+    });
+    assert.equal((toDbError(gone) as PoimenError).code, "database-unavailable");
+  } finally {
     await db.drop();
   }
 });

@@ -819,6 +819,91 @@ relayTest(
 );
 
 relayTest(
+  "values Postgres cannot store and a claimed relay key are dead-lettered; the partition drains on",
+  async (ctx) => {
+    await ctx.startApi();
+    const relay = ctx.startRelay();
+    const topic = dispatchTopic(ctx.tenant);
+    // A day within the 365 allowed, whatever the clock says.
+    const soon = new Date(Date.now() + 2 * 86_400_000).toISOString().slice(0, 10);
+    const first = `first-${suffix()}`;
+    // One partition: everything after a bad message queues behind it.
+    const ahead = await ctx.publish([
+      { key: `${ctx.tenant}/${first}`, value: dispatch(first), partition: 0 },
+      {
+        key: `${ctx.tenant}/year-0`,
+        value: JSON.stringify({
+          workflow_ref: "echo",
+          dispatch_key: "year-0",
+          run_after: "0000-01-01T00:00:00Z",
+        }),
+        partition: 0,
+      },
+      {
+        key: `${ctx.tenant}/offset-16`,
+        value: JSON.stringify({
+          workflow_ref: "echo",
+          dispatch_key: "offset-16",
+          run_after: `${soon}T00:00:00+16:00`,
+        }),
+        partition: 0,
+      },
+    ]);
+    // A message taking the key the relay will derive for the keyless message after it.
+    const claimAt = ahead[2].offset + 1n;
+    const stolen = `kafka:${topic}/0/${claimAt + 1n}`;
+    const last = `last-${suffix()}`;
+    const behind = await ctx.publish([
+      {
+        key: `${ctx.tenant}/claim`,
+        value: JSON.stringify({ workflow_ref: "echo", input: "claim", dispatch_key: stolen }),
+        partition: 0,
+      },
+      {
+        key: `${ctx.tenant}/keyless`,
+        value: JSON.stringify({ workflow_ref: "echo", input: "keyless" }),
+        partition: 0,
+      },
+      { key: `${ctx.tenant}/${last}`, value: dispatch(last), partition: 0 },
+    ]);
+    assert.deepEqual(behind.map((b) => b.offset), [claimAt, claimAt + 1n, claimAt + 2n]);
+
+    await waitFor("the three good messages' runs", async () => {
+      if (relay.exited) throw new Error(`relay exited:\n${relay.logs().join("\n")}`);
+      return (await countRuns(ctx.db, ctx.tenant)) === 3;
+    }, LONG);
+    await caughtUp(relay, ctx.tenant);
+    assert.equal(
+      await relayMetric(relay, "poimen_inbox_messages_total", { outcome: "dead_lettered" }),
+      3,
+    );
+    const runs = await ctx.db.sql<{ dispatch_key: string; input: unknown }[]>`
+      select dispatch_key, input from runs where tenant_id = ${ctx.tenant}`;
+    assert.deepEqual(runs.map((r) => r.dispatch_key).sort(), [first, stolen, last].sort());
+    assert.equal(
+      runs.find((r) => r.dispatch_key === stolen)!.input,
+      "keyless",
+      "the keyless message's own run, not the claimer's",
+    );
+
+    const letters = await readTopic(dlqTopic(ctx.tenant), 3);
+    for (
+      const [key, field] of [["year-0", "run_after"], ["offset-16", "run_after"], [
+        "claim",
+        "dispatch_key",
+      ]]
+    ) {
+      const letter = letters.find((l) => l.key === `${ctx.tenant}/${key}`);
+      assert.ok(letter, `the dead letter of ${key}`);
+      assert.equal(letter.headers["poimen-dlq-reason"], "validation", key);
+      assert.equal(letter.headers["poimen-dlq-status"], "422", key);
+      assert.equal(letter.headers["poimen-dlq-attempts"], "1", `${key}: never retried`);
+      assert.match(letter.headers["poimen-dlq-detail"], new RegExp(`${field}: `), key);
+    }
+  },
+);
+
+relayTest(
   "two relays in one group: a partition revoked mid-backlog is left to its new owner, one run per message",
   async (ctx) => {
     await ctx.startApi();
