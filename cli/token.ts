@@ -169,7 +169,12 @@ async function create(args: string[], explicit: boolean): Promise<number> {
   if (flags.tenants !== undefined) {
     const { scope, problem } = parseTenantScope(flags.tenants);
     if (problem !== undefined) {
-      return usageError(COMMAND, `bad --tenants ${JSON.stringify(flags.tenants)}: ${problem}`);
+      return usageError(
+        COMMAND,
+        `bad --tenants ${
+          JSON.stringify(flags.tenants)
+        }: ${problem}; give tenant ids and prefixes, e.g. acme,beta,team-*`,
+      );
     }
     // Stored canonical; `*` is the same as no limit, stored as none.
     pattern = scope.all ? undefined : scope.text;
