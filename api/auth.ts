@@ -4,13 +4,17 @@
  * database round trip per request (a revoked token stops working within
  * `cacheMs`, an expired one at its `expires_at`). A tenant token acts for
  * its own tenant; a service token acts for the tenant named in
- * `Poimen-Tenant` (one its tenant pattern allows, if it has one), and only a
- * service token may.
+ * `Poimen-Tenant` (one its tenant scope allows, if it has one), and only a
+ * service token may. What is not token-shaped is refused without I/O, and
+ * unknown tokens are remembered apart from found ones, so junk never evicts
+ * a real token from the cache.
  */
 import { PoimenError } from "../core/errors.ts";
 import type { Sql } from "../db/pool.ts";
 import { selectToken, type StoredToken, tenantExists } from "../db/auth.ts";
 import { isTenantId } from "../contracts/topics.ts";
+import { parseTenantScope, type TenantScope } from "../contracts/tenant_scope.ts";
+import type { Logger } from "../core/log.ts";
 
 /** Who is calling, once authenticated. */
 export interface Principal {
@@ -34,35 +38,39 @@ export async function hashToken(token: string): Promise<Uint8Array> {
 }
 
 /**
- * A service token's tenant pattern as the API applies it: the whole tenant
- * id must match (`acme|beta` allows exactly those two). Throws a
- * `SyntaxError` for a pattern that does not compile.
+ * Whether `text` has the shape of a token `newToken` makes: `pmn_` and 43
+ * base64url characters. Anything else cannot be a token, so it is refused
+ * without hashing it or asking the database.
  */
-export function tenantPatternRegExp(pattern: string): RegExp {
-  return new RegExp(`^(?:${pattern})$`);
+export function isTokenShaped(text: string): boolean {
+  return TOKEN_SHAPE.test(text);
 }
 
-/** A stored token with its tenant pattern compiled once, when loaded. */
+const TOKEN_SHAPE = /^pmn_[A-Za-z0-9_-]{43}$/;
+
+/**
+ * A stored `tenant_pattern` as the API applies it: a tenant scope
+ * (`acme,beta,team-*`, contracts/tenant_scope.ts), null when the token may
+ * act for any tenant. A pattern that is not a scope (a regular expression
+ * stored before migration 015 that it could not rewrite) allows no tenant:
+ * failing closed is the only safe reading of a limit nobody can interpret,
+ * and no regular expression built from stored data is ever run on a header.
+ */
+export function storedTenantScope(
+  pattern: string | null,
+): { scope: TenantScope | null; legacy: boolean } {
+  if (pattern === null) return { scope: null, legacy: false };
+  const { scope } = parseTenantScope(pattern);
+  return scope ? { scope, legacy: false } : { scope: NO_TENANT, legacy: true };
+}
+
+const NO_TENANT: TenantScope = { allows: () => false, text: "", all: false };
+
+/** A stored token with its tenant scope parsed once, when loaded. */
 interface LoadedToken {
   row: StoredToken;
   /** null: any tenant. */
-  tenants: RegExp | null;
-}
-
-// A pattern stored without the CLI's check and not compiling allows nothing:
-// failing closed is the only safe reading of a limit nobody can interpret.
-const NO_TENANT = /(?!)/;
-
-function loaded(row: StoredToken): LoadedToken {
-  let tenants: RegExp | null = null;
-  if (row.tenant_pattern !== null) {
-    try {
-      tenants = tenantPatternRegExp(row.tenant_pattern);
-    } catch {
-      tenants = NO_TENANT;
-    }
-  }
-  return { row, tenants };
+  tenants: TenantScope | null;
 }
 
 interface Cached<T> {
@@ -70,18 +78,44 @@ interface Cached<T> {
   until: number;
 }
 
+/** Tokens found (live, revoked or expired) kept at most: more than any installation has. */
+const FOUND_MAX = 10_000;
+/**
+ * Token-shaped strings no token has, kept at most: a small, separate map, so
+ * that a flood of made-up tokens evicts only other made-up tokens and never
+ * a real one.
+ */
+const UNKNOWN_MAX = 1_000;
+
+/** What the Authenticator needs besides its database; all optional. */
+export interface AuthenticatorOptions {
+  /** Called with each refusal's reason (a metric label). */
+  onFailure?: (reason: string) => void;
+  /** Where a token whose tenant pattern allows nothing is reported, when it is loaded. */
+  log?: Logger;
+  /** How a token is looked up by its hash (db/auth.ts selectToken; a test may count calls). */
+  lookup?: typeof selectToken;
+}
+
 /** Resolves a request's principal from its bearer token, with a short-lived cache of tokens. */
 export class Authenticator {
   readonly #sql: Sql;
   readonly #cacheMs: number;
-  readonly #tokens = new Map<string, Cached<LoadedToken | undefined>>();
+  /** Tokens found in the database, whatever their state; evicted only by other found tokens. */
+  readonly #found = new Map<string, Cached<LoadedToken>>();
+  /** Token-shaped strings found in no row, remembered briefly so a retrying client costs little. */
+  readonly #unknown = new Map<string, number>();
   readonly #tenants = new Map<string, Cached<boolean>>();
   readonly #onFailure: (reason: string) => void;
+  readonly #log: Logger | undefined;
+  readonly #lookup: typeof selectToken;
 
-  constructor(sql: Sql, cacheMs: number, onFailure: (reason: string) => void = () => {}) {
+  constructor(sql: Sql, cacheMs: number, options: AuthenticatorOptions = {}) {
     this.#sql = sql;
     this.#cacheMs = cacheMs;
-    this.#onFailure = onFailure;
+    this.#onFailure = options.onFailure ?? (() => {});
+    this.#log = options.log;
+    this.#lookup = options.lookup ?? selectToken;
   }
 
   /** Resolves the principal for an `Authorization` and a `Poimen-Tenant` header value. */
@@ -91,7 +125,8 @@ export class Authenticator {
   ): Promise<Principal> {
     const m = /^Bearer\s+(\S+)\s*$/i.exec(authorization ?? "");
     if (!m) this.#fail("unauthorized", "missing-token", "a bearer token is required");
-    const loadedToken = await this.#token(m[1]);
+    // What no token can be is refused as an unknown one is, with no I/O.
+    const loadedToken = isTokenShaped(m[1]) ? await this.#token(m[1]) : undefined;
     if (!loadedToken) this.#fail("unauthorized", "bad-token", "the bearer token is not valid");
     const token = loadedToken.row;
     if (token.revoked_at !== null) {
@@ -112,7 +147,8 @@ export class Authenticator {
     if (tenantHeader === undefined) {
       this.#fail("forbidden", "no-tenant", "a service token must name a tenant in Poimen-Tenant");
     }
-    if (loadedToken.tenants !== null && !loadedToken.tenants.test(tenantHeader)) {
+    // A set lookup and a few prefixes: linear in the header, whatever was stored.
+    if (loadedToken.tenants !== null && !loadedToken.tenants.allows(tenantHeader)) {
       this.#fail(
         "forbidden",
         "tenant-not-allowed",
@@ -137,36 +173,51 @@ export class Authenticator {
   // A miss is also what marks the token used (db/auth.ts selectToken), so
   // last_used_at costs nothing on a cache hit.
   async #token(token: string): Promise<LoadedToken | undefined> {
-    return await this.#cached(this.#tokens, token, async () => {
-      const row = await selectToken(this.#sql, await hashToken(token), { markUsed: true });
-      return row && loaded(row);
-    });
+    const now = Date.now();
+    const hit = this.#found.get(token);
+    if (hit && hit.until > now) return hit.value;
+    const unknownUntil = this.#unknown.get(token);
+    if (unknownUntil !== undefined && unknownUntil > now) return undefined;
+    const row = await this.#lookup(this.#sql, await hashToken(token), { markUsed: true });
+    if (row === undefined) {
+      remember(this.#unknown, token, now + this.#cacheMs, UNKNOWN_MAX);
+      return undefined;
+    }
+    this.#unknown.delete(token);
+    const { scope, legacy } = storedTenantScope(row.tenant_pattern);
+    if (legacy) {
+      // Logged when loaded, so at most once per token per cache lifetime.
+      this.#log?.warn("service token's tenant pattern is not a tenant scope: it allows no tenant", {
+        id: row.token_id,
+        name: row.name,
+        hint: "mint a new token with --tenants acme,beta,team-* and revoke this one",
+      });
+    }
+    const value = { row, tenants: scope };
+    remember(this.#found, token, { value, until: now + this.#cacheMs }, FOUND_MAX);
+    return value;
   }
 
   async #tenantExists(tenantId: string): Promise<boolean> {
     // Only "exists" is cached: a tenant created a moment ago must work at once.
-    return await this.#cached(
-      this.#tenants,
-      tenantId,
-      () => tenantExists(this.#sql, tenantId),
-      (exists) => exists,
-    );
-  }
-
-  async #cached<T>(
-    map: Map<string, Cached<T>>,
-    key: string,
-    load: () => Promise<T>,
-    keep: (value: T) => boolean = () => true,
-  ): Promise<T> {
     const now = Date.now();
-    const hit = map.get(key);
+    const hit = this.#tenants.get(tenantId);
     if (hit && hit.until > now) return hit.value;
-    const value = await load();
-    if (!keep(value)) return value;
-    // Bounded: a flood of bad tokens must not grow memory without limit.
-    if (map.size >= 10_000) map.clear();
-    map.set(key, { value, until: now + this.#cacheMs });
-    return value;
+    const exists = await tenantExists(this.#sql, tenantId);
+    if (exists) {
+      remember(this.#tenants, tenantId, { value: true, until: now + this.#cacheMs }, FOUND_MAX);
+    }
+    return exists;
   }
+}
+
+/**
+ * Sets `key` as the newest entry of a map bounded to `max` entries, dropping
+ * the oldest when full: one flood cannot grow memory, and an entry is
+ * evicted only by entries of its own map.
+ */
+function remember<V>(map: Map<string, V>, key: string, value: V, max: number): void {
+  map.delete(key);
+  if (map.size >= max) map.delete(map.keys().next().value!);
+  map.set(key, value);
 }

@@ -81,11 +81,10 @@ export async function main(args: string[]): Promise<number> {
     onRefused: (tenant, reason) => metrics.quotaRefused(tenant, reason),
   });
   metrics.watchQuotas(() => quota.view());
-  const auth = new Authenticator(
-    sql,
-    config.AUTH_CACHE_MS,
-    (reason) => metrics.authFailures.inc({ reason }),
-  );
+  const auth = new Authenticator(sql, config.AUTH_CACHE_MS, {
+    onFailure: (reason) => metrics.authFailures.inc({ reason }),
+    log,
+  });
   // Wakes waits and event streams on the commits that change runs.
   const watch = new RunWatch(sql, {
     listen: () =>

@@ -24,7 +24,7 @@ import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
-import { hashToken, newToken } from "../api/auth.ts";
+import { hashToken, isTokenShaped, newToken } from "../api/auth.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createAndMigrate, migrationEnv, migrationOptions } from "./migrate.ts";
@@ -116,6 +116,14 @@ async function ensureRelayToken(sql: Sql, path: string, log: Logger): Promise<vo
     if (err instanceof Deno.errors.NotFound) return "";
     throw err;
   })).trim();
+  // Only what `newToken` makes is registered: a stray line, a path or a
+  // password put in the file by mistake must not become a service token.
+  if (token !== "" && !isTokenShaped(token)) {
+    throw new Error(
+      `${path} does not hold a poimen token (pmn_ and 43 base64url characters); ` +
+        "empty it to mint one, or put a token from 'deno task token --service relay' in it",
+    );
+  }
   let known = token === "" ? undefined : await selectToken(sql, await hashToken(token));
   if (known !== undefined && known.kind !== "service") {
     throw new Error(`${path} holds a ${known.kind} token, not a service token`);

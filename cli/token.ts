@@ -3,10 +3,10 @@
  *
  * - `token [create] <tenant> [--name <n>] [--expires-in <d>]`: creates the
  *   tenant if needed and prints a new tenant token.
- * - `token [create] --service <name> [--tenants <regex>] [--expires-in <d>]`:
+ * - `token [create] --service <name> [--tenants <scope>] [--expires-in <d>]`:
  *   prints a new service token (the relay's), which may act for the tenant
- *   named in Poimen-Tenant — any tenant, or those whose whole id matches
- *   `--tenants`.
+ *   named in Poimen-Tenant — any tenant, or those `--tenants` lists
+ *   (`acme,beta,team-*`: ids and prefixes, contracts/tenant_scope.ts).
  * - `token list <tenant>` / `token list --service`: the tokens, as a table.
  * - `token revoke <id>`: revokes one (idempotent).
  *
@@ -27,7 +27,8 @@ import {
   tenantExists,
   type TokenListing,
 } from "../db/auth.ts";
-import { hashToken, newToken, tenantPatternRegExp } from "../api/auth.ts";
+import { hashToken, newToken, storedTenantScope } from "../api/auth.ts";
+import { parseTenantScope } from "../contracts/tenant_scope.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
@@ -51,10 +52,10 @@ Mints, lists and revokes API tokens.
                             token alone on stdout: TOKEN=$(deno task token acme)
   token --service <name>    prints a new service token (the relay's), which acts
                             for the tenant named in Poimen-Tenant: any tenant, or
-                            with --tenants only those whose whole id matches
+                            with --tenants only those listed (acme,beta,team-*)
   token list <tenant>       the tenant's tokens: id, name, created, last used,
                             expiry, revoked (never a secret)
-  token list --service      the service tokens, with their tenant patterns
+  token list --service      the service tokens, with their tenant scopes
   token revoke <id>         revokes a token (idempotent); exit 1 if there is none
 
 The new token's id (for list and revoke) is logged on stderr. create, list and
@@ -74,8 +75,10 @@ revoke are words only as the first argument: for a tenant named "list", say
     },
     tenants: {
       type: "string",
-      valueName: "regex",
-      description: "a service token only for tenants whose whole id matches, e.g. 'acme|beta'",
+      valueName: "scope",
+      description:
+        "a service token only for these tenant ids and prefixes, e.g. 'acme,beta,team-*'" +
+        " (* is every tenant)",
     },
   },
   positionals: { min: 0, max: 1 },
@@ -87,7 +90,7 @@ const LIST = {
   synopsis: "<tenant> | --service",
   description: `
 Prints a tenant's tokens, or with --service the service tokens, as a table:
-id, name, (tenant pattern,) created, last used, expiry and revocation, oldest
+id, name, (tenant scope,) created, last used, expiry and revocation, oldest
 first. Never a secret or its hash. Last use is coarse: it is recorded at most
 once per five minutes per token. Exit 1 for an unknown tenant.`,
   flags: { service: { type: "boolean", description: "list the service tokens" } },
@@ -107,6 +110,8 @@ no token has is exit 1.`,
 } satisfies CommandSpec;
 
 const NAME = /^[A-Za-z0-9_.-]{1,100}$/;
+/** What api_tokens.tenant_pattern holds at most (migrations/010). */
+const TENANTS_MAX_CHARS = 1000;
 const UNITS_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 
 /** `30d`, `12h`, `15m`, `90s` in milliseconds; `undefined` for anything else. */
@@ -160,10 +165,25 @@ async function create(args: string[], explicit: boolean): Promise<number> {
   if (!service && flags.tenants !== undefined) {
     return usageError(COMMAND, "--tenants limits a service token; a tenant token has its tenant");
   }
-  const pattern = flags.tenants;
-  if (pattern !== undefined) {
-    const problem = patternProblem(pattern);
-    if (problem) return usageError(COMMAND, `bad --tenants ${JSON.stringify(pattern)}: ${problem}`);
+  let pattern: string | undefined;
+  if (flags.tenants !== undefined) {
+    const { scope, problem } = parseTenantScope(flags.tenants);
+    if (problem !== undefined) {
+      return usageError(
+        COMMAND,
+        `bad --tenants ${
+          JSON.stringify(flags.tenants)
+        }: ${problem}; give tenant ids and prefixes, e.g. acme,beta,team-*`,
+      );
+    }
+    // Stored canonical; `*` is the same as no limit, stored as none.
+    pattern = scope.all ? undefined : scope.text;
+    if (pattern !== undefined && pattern.length > TENANTS_MAX_CHARS) {
+      return usageError(
+        COMMAND,
+        `bad --tenants: at most ${TENANTS_MAX_CHARS} characters (use prefixes: team-*)`,
+      );
+    }
   }
   let expiresInMs: number | undefined;
   if (flags["expires-in"] !== undefined) {
@@ -208,16 +228,6 @@ async function create(args: string[], explicit: boolean): Promise<number> {
     console.log(token);
     return 0;
   });
-}
-
-function patternProblem(pattern: string): string | undefined {
-  if (pattern.length === 0 || pattern.length > 1000) return "use 1-1000 characters";
-  try {
-    tenantPatternRegExp(pattern);
-    return undefined;
-  } catch (err) {
-    return err instanceof Error ? err.message : String(err);
-  }
 }
 
 async function list(args: string[]): Promise<number> {
@@ -285,7 +295,7 @@ export function tokenTable(tokens: TokenListing[], service: boolean): string[] {
   const rows = tokens.map((t) => [
     t.token_id,
     t.name,
-    ...(service ? [t.tenant_pattern ?? "any"] : []),
+    ...(service ? [tenantsCell(t.tenant_pattern)] : []),
     when(t.created_at),
     when(t.last_used_at),
     when(t.expires_at),
@@ -294,6 +304,13 @@ export function tokenTable(tokens: TokenListing[], service: boolean): string[] {
   const all = [header, ...rows];
   const widths = header.map((_, i) => Math.max(...all.map((r) => r[i].length)));
   return all.map((r) => r.map((cell, i) => cell.padEnd(widths[i])).join("  ").trimEnd());
+}
+
+// A pattern stored as a regular expression that migration 015 could not
+// rewrite allows no tenant; the listing says so rather than suggest otherwise.
+function tenantsCell(pattern: string | null): string {
+  if (pattern === null) return "any";
+  return storedTenantScope(pattern).legacy ? `none (not a scope: ${pattern})` : pattern;
 }
 
 function when(at: Date | null): string {

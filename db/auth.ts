@@ -8,7 +8,7 @@ export interface TokenRow {
   name: string;
   /** When it stops working; absent: never. */
   expires_at?: Date | null;
-  /** A service token's tenants: a regex matched against the whole tenant id; absent: any. */
+  /** A service token's tenants: a tenant scope (`acme,team-*`, contracts/tenant_scope.ts); absent: any. */
   tenant_pattern?: string | null;
 }
 

@@ -10,6 +10,7 @@ import {
   readEnv,
 } from "../core/config.ts";
 import { MINUTE, SECOND } from "../core/time.ts";
+import { parseTenantScope, type TenantScope } from "../contracts/tenant_scope.ts";
 
 const MIB = 1024 * 1024;
 
@@ -24,17 +25,19 @@ export const relayEnvSchema = z.object({
     .min(1),
   RELAY_GROUP_ID: z.string().min(1).default("poimen-inbox-relay"),
   /**
-   * Only tenants whose id this regular expression matches (default: every
-   * tenant); lets several relay groups split the tenants between them.
+   * Only these tenants' topics: a tenant scope, tenant ids and prefixes
+   * (`acme,beta,team-*`; default `*`, every tenant), never a regular
+   * expression; lets several relay groups split the tenants between them.
    */
-  RELAY_TENANT_PATTERN: z.string().min(1).default(".*").refine((p) => {
-    try {
-      new RegExp(p);
-      return true;
-    } catch {
-      return false;
+  RELAY_TENANT_PATTERN: z.string().default("*").superRefine((text, ctx) => {
+    const { problem } = parseTenantScope(text);
+    if (problem !== undefined) {
+      ctx.addIssue({
+        code: "custom",
+        message: `not a tenant scope (acme,beta,team-*): ${problem}`,
+      });
     }
-  }, "not a valid regular expression"),
+  }),
   /** How often the broker's topic list is re-read, so new tenants are picked up. */
   RELAY_TOPIC_REFRESH_MS: z.coerce.number().int().min(100).default(5 * SECOND),
   /** API calls in flight at once per partition (commits stay in offset order). */
@@ -72,6 +75,11 @@ export const relayEnvSchema = z.object({
 });
 
 export type RelayConfig = z.infer<typeof relayEnvSchema>;
+
+/** The tenants a relay reads the topics of: RELAY_TENANT_PATTERN, parsed (validated when read). */
+export function relayTenants(config: RelayConfig): TenantScope {
+  return parseTenantScope(config.RELAY_TENANT_PATTERN).scope!;
+}
 
 /** Reads and validates the relay's environment; throws a one-line `ConfigError`. */
 export function readRelayConfig(env: Record<string, string | undefined>): RelayConfig {

@@ -11,7 +11,7 @@ import { type Part, runProcess, stopDeadline } from "../core/process_harness.ts"
 import { createLogger } from "../core/log.ts";
 import { ApiClient } from "./api_client.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
-import { readRelayConfig, type RelayConfig, relayEnvSchema } from "./config.ts";
+import { readRelayConfig, type RelayConfig, relayEnvSchema, relayTenants } from "./config.ts";
 import { InboxRelay } from "./inbox.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { createConsumer } from "../kafka/consumer.ts";
@@ -53,10 +53,10 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
     clientId: `${config.KAFKA_CLIENT_ID}-relay`,
     logger: log,
   };
-  const tenants = new RegExp(`^(?:${config.RELAY_TENANT_PATTERN})$`);
+  const tenants = relayTenants(config);
   const isDispatchTopic = (topic: string) => {
     const tenant = DISPATCH_TOPIC_PATTERN.exec(topic)?.[1];
-    return tenant !== undefined && tenants.test(tenant);
+    return tenant !== undefined && tenants.allows(tenant);
   };
   let relay: InboxRelay | undefined;
   // Its own client, failing fast: the relay's admin retries, which would

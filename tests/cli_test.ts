@@ -101,6 +101,10 @@ Deno.test("cli: token's usage mistakes name the bad value in one line, exit 2", 
     [["acme", "--expires-in", "30 days"], /^token: bad --expires-in "30 days": .*30d/],
     [["acme", "--expires-in", "0d"], /^token: bad --expires-in "0d"/],
     [["--service", "relay", "--tenants", "acme|("], /^token: bad --tenants "acme\|\(": /],
+    // Regular expressions are not tenant scopes: one escaped its anchors, one backtracked.
+    [["--service", "relay", "--tenants", "acme)|(.*"], /^token: bad --tenants "acme\)\|\(\.\*": /],
+    [["--service", "relay", "--tenants", "(a+)+"], /^token: bad --tenants "\(a\+\)\+": /],
+    [["--service", "relay", "--tenants", "acme|beta"], /^token: bad --tenants .*acme,beta,team-\*/],
     [["acme", "--tenants", "acme"], /^token: --tenants limits a service token/],
     [["--service", "relay", "--name", "x"], /^token: --name is for tenant tokens/],
     // A subcommand word in another position is not taken for a tenant.

@@ -137,3 +137,33 @@ Deno.test("init: a revoked relay token is replaced by a new one; a limited one p
     await db.drop();
   }
 });
+
+Deno.test("init: a relay token file that holds no poimen token is refused in one line, never registered", async () => {
+  const db = await freshDatabase(false);
+  const dir = await Deno.makeTempDir({ prefix: "poimen-init-" });
+  const file = `${dir}/relay_token`;
+  try {
+    for (
+      const junk of ["hunter2", "pmn_short", "relay-token\nsecond line", "pmn_" + "A".repeat(44)]
+    ) {
+      await Deno.writeTextFile(file, junk + "\n");
+      const out = await runCommand(
+        "init",
+        [],
+        { DATABASE_URL: db.url, RELAY_TOKEN_FILE: file, LOG_LEVEL: "warn" },
+        initPermissions(dir),
+      );
+      assert.notEqual(out.code, 0, JSON.stringify(junk));
+      const lines = out.stderr.trim().split("\n");
+      assert.equal(lines.length, 1, out.stderr);
+      assert.match(lines[0], /^init: .*relay_token does not hold a poimen token/);
+      assert.ok(!out.stderr.includes(junk.split("\n")[0]), "the file's content is not echoed");
+      assert.equal((await Deno.readTextFile(file)).trim(), junk, "the file is left alone");
+    }
+    const [{ n }] = await db.sql`select count(*)::int as n from api_tokens`;
+    assert.equal(n, 0, "nothing registered");
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+    await db.drop();
+  }
+});

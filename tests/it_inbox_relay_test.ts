@@ -146,7 +146,7 @@ function relayTest(
             RELAY_METRICS_PORT: String(metricsPort),
             RELAY_GROUP_ID: ctx.groupId,
             // This test's tenants only: other tests' topics share the broker.
-            RELAY_TENANT_PATTERN: `ir-${run}(-[a-z0-9]+)?`,
+            RELAY_TENANT_PATTERN: `ir-${run},ir-${run}-*`,
             RELAY_TOPIC_REFRESH_MS: "500",
             RELAY_LAG_INTERVAL_MS: "300",
             RELAY_BACKOFF_BASE_MS: "50",

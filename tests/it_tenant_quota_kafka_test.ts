@@ -95,7 +95,7 @@ Deno.test({
         RELAY_TOKEN: service,
         RELAY_METRICS_PORT: String(metricsPort),
         RELAY_GROUP_ID: `poimen-test-quota-${run}`,
-        RELAY_TENANT_PATTERN: `qk-${run}-[ab]`,
+        RELAY_TENANT_PATTERN: `qk-${run}-a,qk-${run}-b`,
         RELAY_TOPIC_REFRESH_MS: "500",
         RELAY_LAG_INTERVAL_MS: "300",
         RELAY_BACKOFF_BASE_MS: "50",

@@ -57,7 +57,7 @@ Deno.test("tokens: create with a name and expiry, list (never a secret), revoke 
   try {
     const ci = await mint(db, "acme", "--name", "ci", "--expires-in", "30d");
     const plain = await mint(db, "acme");
-    const relay = await mint(db, "--service", "relay", "--tenants", "acme|beta");
+    const relay = await mint(db, "--service", "relay", "--tenants", "beta, acme");
 
     const listed = await token(db, "list", "acme");
     assert.equal(listed.code, 0, listed.stderr);
@@ -81,7 +81,7 @@ Deno.test("tokens: create with a name and expiry, list (never a secret), revoke 
     assert.ok(!services.stdout.includes(relay.secret));
     assert.deepEqual(
       table(services.stdout).map((r) => [r.ID, r.NAME, r.TENANTS]),
-      [[relay.id, "relay", "acme|beta"]],
+      [[relay.id, "relay", "acme,beta"]],
     );
 
     const revoked = await token(db, "revoke", ci.id);
@@ -215,6 +215,57 @@ apiTest("a service token limited to acme is forbidden (403) for beta", async ({ 
   assert.equal((await admit(api, limited.secret, "acme2")).status, 403);
   assert.equal((await admit(api, open.secret, "beta")).status, 201, "an unlimited one may");
   assert.ok(await api.metric("poimen_auth_failures_total", { reason: "tenant-not-allowed" }) >= 2);
+});
+
+apiTest(
+  "a service token scoped acme,team-* acts for acme and team-x, 403 for the others",
+  async ({ db, api }) => {
+    for (const t of ["acme", "team-x", "beta", "team", "acme2"]) await mint(db, t);
+    const scoped = await mint(db, "--service", "relay", "--tenants", "acme,team-*");
+    for (const t of ["acme", "team-x"]) {
+      const r = await admit(api, scoped.secret, t);
+      assert.equal(r.status, 201, `${t}: ${JSON.stringify(r.body)}`);
+    }
+    for (const t of ["beta", "team", "acme2"]) {
+      const r = await admit(api, scoped.secret, t);
+      assert.equal(r.status, 403, `${t}: ${JSON.stringify(r.body)}`);
+      assert.match(r.body.detail, new RegExp(`may not act for tenant "${t}"`));
+    }
+  },
+);
+
+apiTest(
+  "a regular expression stored before tenant scopes allows no tenant and answers a long header at once",
+  async ({ db, api }) => {
+    await mint(db, "aaa");
+    const old = await mint(db, "--service", "old");
+    // As stored before migration 015 by `--tenants '(a+)+'`: it matched "aaa",
+    // and backtracked exponentially on a long near-miss.
+    await db.sql`update api_tokens set tenant_pattern = '(a+)+' where token_id = ${old.id}`;
+    for (const t of ["aaa", "a".repeat(27) + "!", "a".repeat(60)]) {
+      const r = await listRuns(api, old.secret, t);
+      assert.equal(r.status, 403, `${t}: ${JSON.stringify(r.body)}`);
+      assert.equal(r.body.type, `${PROBLEM_BASE}forbidden`);
+    }
+    await waitFor(
+      "the legacy pattern logged",
+      () => api.logs().some((l) => l.includes("not a tenant scope") && l.includes(old.id)),
+      5_000,
+    );
+    assert.ok(!api.logs().some((l) => l.includes(old.secret)), "never the secret");
+    const listed = table((await token(db, "list", "--service")).stdout);
+    assert.equal(listed[0].TENANTS, "none (not a scope: (a+)+)");
+  },
+);
+
+apiTest("a bearer token that is not token-shaped is refused as an unknown one", async ({ api }) => {
+  const unknown = await listRuns(api, "pmn_" + "A".repeat(43));
+  assert.equal(unknown.status, 401);
+  for (const junk of ["x", "pmn_short", "pmn_" + "A".repeat(44), "y".repeat(4000)]) {
+    const r = await listRuns(api, junk);
+    assert.equal(r.status, 401, junk.slice(0, 20));
+    assert.deepEqual(r.body, unknown.body);
+  }
 });
 
 apiTest("last_used_at is set on use, but not written per request", async ({ db, api }) => {
