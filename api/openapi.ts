@@ -58,7 +58,9 @@ function content(body: Body, io: "input" | "output") {
  * (`limit` a number, which its generator's types and serializer then
  * follow), so each schema is zod's output side, what the parser turns the
  * text into (`limit`: an integer 1–500); whether one is required is the
- * input side's (a default makes it optional to send).
+ * input side's (a default makes it optional to send). An array is one
+ * comma-separated value (`fields=input,result`: form style, not exploded),
+ * since a parameter given twice is refused.
  */
 function queryParameters(query: z.ZodObject) {
   const json = toJson(query, "output") as { properties: Record<string, JsonSchema> };
@@ -68,6 +70,7 @@ function queryParameters(query: z.ZodObject) {
     in: "query",
     required: required.includes(name),
     ...(description === undefined ? {} : { description }),
+    ...(schema.type === "array" ? { style: "form", explode: false } : {}),
     schema,
   }));
 }

@@ -191,6 +191,10 @@ export const ROUTES: Route[] = [
     method: "get",
     path: "/v1/runs",
     summary: "List the tenant's runs, newest first",
+    description: "Keyset pages: pass a page's `next_cursor` as `cursor` for the next. A page " +
+      "holds at most `limit` runs and at most 1 MiB of JSON, whichever comes first (a first " +
+      "run larger than that alone is a page of one). A run's `input` and `result` are left " +
+      "out unless `fields` asks for them (`fields=input,result`).",
     auth: true,
     headers: TENANT_HEADER,
     query: ListRunsQuery,

@@ -7,6 +7,7 @@ import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import {
   type RunEventRow,
+  type RunListRow,
   type RunRow,
   selectRun,
   selectRunEvents,
@@ -24,6 +25,7 @@ import {
   ListRunsQuery,
   RELAY_KEY_PREFIX,
   type Run,
+  RUN_PAGE_MAX_BYTES,
   type RunEvent,
   RunRequest,
   SourceHeader,
@@ -95,10 +97,13 @@ export function waitingFor(
   }
 }
 
-/** A run row as JSON; `waiting_for` when the row says what it waits for (selectRun's `waiting`). */
+/**
+ * A run row as JSON: `input` and `result` when the row has them (a list's
+ * only when asked for), `waiting_for` when the row says what it waits for
+ * (selectRun's `waiting`).
+ */
 export function toRun(
-  row: RunRow & {
-    input?: unknown;
+  row: RunListRow & {
     waiting_reason?: WaitingReason | null;
     slot_limit?: number | null;
     slot_running?: number | null;
@@ -118,7 +123,7 @@ export function toRun(
     attempts: row.attempts,
     max_attempts: row.max_attempts,
     ...("input" in row ? { input: row.input } : {}),
-    result: row.result ?? null,
+    ...("result" in row ? { result: row.result ?? null } : {}),
     error: row.error ?? null,
     created_at: iso(row.created_at)!,
     updated_at: iso(row.updated_at)!,
@@ -150,26 +155,79 @@ export function toRunEvent(row: RunEventRow): RunEvent {
   };
 }
 
+/** One page of `GET /v1/runs`, and the same as the JSON text the API answers with. */
+export interface ListedPage {
+  runs: Run[];
+  next_cursor: string | null;
+  /** `{"runs":[…],"next_cursor":…}`, each run serialized once, while it was measured. */
+  json: string;
+}
+
+// Rows read at a time: small while a run may carry its input and result (each
+// up to about 1 MiB), so that what is read past a full page stays small too.
+const CHUNK_ROWS = { plain: 64, fields: 4 };
+
 /**
- * One page of a tenant's runs, newest first, by keyset: one row more than
- * asked tells whether there is a next page. Shared by `GET /v1/runs` and
- * the console.
+ * One page of a tenant's runs, newest first, by keyset: at most `q.limit`
+ * runs and at most `maxBytes` of JSON (RUN_PAGE_MAX_BYTES), whichever comes
+ * first; a first run over `maxBytes` alone is a page of one. Rows are read
+ * a few at a time and the reading stops with the page, so neither the API
+ * nor Postgres handles much past it; one row more than the page tells
+ * whether there is a next one. `input` and `result` only with `q.fields`.
+ * Shared by `GET /v1/runs` and the console (which never asks for them).
  */
 export async function listRunsPage(
   sql: Sql,
   tenant: string,
   q: z.infer<typeof ListRunsQuery>,
-): Promise<{ runs: Run[]; next_cursor: string | null }> {
-  const rows = await selectRuns(sql, tenant, {
+  maxBytes: number = RUN_PAGE_MAX_BYTES,
+): Promise<ListedPage> {
+  const fields = q.fields ?? [];
+  const query = selectRuns(sql, tenant, {
+    fields,
     goalId: q.goal_id,
     dispatchKey: q.dispatch_key,
     status: q.status,
     before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
     limit: q.limit + 1,
   });
-  const page = rows.slice(0, q.limit);
-  const next = rows.length > q.limit ? encodeCursor(page[page.length - 1].run_id) : null;
-  return { runs: page.map(toRun), next_cursor: next };
+  const runs: Run[] = [];
+  const texts: string[] = [];
+  // The page's frame: `{"runs":[`, `],"next_cursor":` and a cursor (a uuid in base64url).
+  let bytes = '{"runs":[],"next_cursor":""}'.length + 48;
+  let more = false;
+  const chunk = Math.min(q.limit + 1, fields.length > 0 ? CHUNK_ROWS.fields : CHUNK_ROWS.plain);
+  reading: for await (const rows of query.cursor(chunk)) {
+    for (const row of rows) {
+      const run = toRun(row);
+      const text = JSON.stringify(run);
+      const size = utf8Length(text) + (texts.length > 0 ? 1 : 0);
+      if (runs.length === q.limit || (runs.length > 0 && bytes + size > maxBytes)) {
+        more = true;
+        break reading;
+      }
+      runs.push(run);
+      texts.push(text);
+      bytes += size;
+    }
+  }
+  const next = more ? encodeCursor(runs[runs.length - 1].run_id) : null;
+  const json = `{"runs":[${texts.join(",")}],"next_cursor":${JSON.stringify(next)}}`;
+  return { runs, next_cursor: next, json };
+}
+
+/**
+ * The UTF-8 length of a JSON text: `JSON.stringify` escapes lone
+ * surrogates, so each surrogate here is half of a 4-byte pair.
+ */
+function utf8Length(s: string): number {
+  let n = s.length;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) continue;
+    n += c < 0x800 || (c >= 0xd800 && c <= 0xdfff) ? 1 : 2;
+  }
+  return n;
 }
 
 /** The cursor is opaque to clients: base64url of the last run id of a page. */
@@ -408,7 +466,9 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
 
   app.get("/", async (c) => {
     const q = parseQuery(c, ListRunsQuery);
-    return c.json(await listRunsPage(sql, c.get("principal").tenantId, q));
+    const page = await listRunsPage(sql, c.get("principal").tenantId, q);
+    // Serialized once, while the page was measured.
+    return c.body(page.json, 200, { "content-type": "application/json" });
   });
 
   return app;

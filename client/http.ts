@@ -141,6 +141,11 @@ export interface ListRunsFilter {
   limit?: number;
   /** Start after this cursor (a `next_cursor` of an earlier page). */
   cursor?: string;
+  /**
+   * A run's large values to include (`fields=`): a list leaves `input` and
+   * `result` out unless asked for.
+   */
+  fields?: readonly ("input" | "result")[];
 }
 
 /** Options of `new PoimenClient`. */
@@ -305,7 +310,9 @@ export class PoimenClient {
 
   /**
    * The tenant's runs, newest first, one page at a time (`GET /v1/runs`),
-   * following `next_cursor` until the last page. Each page is fetched when
+   * following `next_cursor` until the last page. A page holds at most
+   * `limit` runs and at most 1 MiB of JSON; runs come without `input` and
+   * `result` unless `fields` asks for them. Each page is fetched when
    * the loop asks for it; stopping the loop stops the fetching.
    *
    * ```ts
@@ -326,6 +333,7 @@ export class PoimenClient {
       if (filter.status !== undefined) query.set("status", filter.status);
       if (filter.limit !== undefined) query.set("limit", String(filter.limit));
       if (cursor !== undefined) query.set("cursor", cursor);
+      if (filter.fields?.length) query.set("fields", filter.fields.join(","));
       const url = `${this.#runsUrl}?${query}`;
       const { value } = await this.#retrying(opts, transient, (s) => this.#call("GET", url, s));
       const page = value.json as RunPage;

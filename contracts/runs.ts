@@ -291,6 +291,20 @@ export const WaitingFor = z.object({
 });
 export type WaitingFor = z.infer<typeof WaitingFor>;
 
+/**
+ * The largest page of `GET /v1/runs`, as bytes of JSON: a page ends before
+ * the run that would pass it (so `next_cursor` continues there), except a
+ * page's first run, which is always on it.
+ */
+export const RUN_PAGE_MAX_BYTES = 1024 * 1024;
+
+/** Run fields a list leaves out unless asked for (`fields=`): a run's large values. */
+export const RunListField: z.ZodEnum<{ input: "input"; result: "result" }> = z.enum([
+  "input",
+  "result",
+]);
+export type RunListField = z.infer<typeof RunListField>;
+
 /** A run as the API returns it. */
 export const Run = z.object({
   run_id: z.uuid(),
@@ -304,8 +318,13 @@ export const Run = z.object({
   source: z.string().describe("`http:<token name>` or `kafka:<topic>/<partition>/<offset>`"),
   attempts: z.number().int(),
   max_attempts: z.number().int(),
-  input: z.unknown().optional().describe("Only on GET /v1/runs/{run_id}"),
-  result: z.unknown().nullable(),
+  input: z.unknown().optional().describe(
+    "On GET /v1/runs/{run_id} and a cancel; in a list only with `fields=input`",
+  ),
+  result: z.unknown().nullable().optional().describe(
+    "What the workflow returned, once succeeded (null before). Always on one run; in a list " +
+      "only with `fields=result`",
+  ),
   error: z.unknown().nullable(),
   created_at: z.string(),
   updated_at: z.string(),
@@ -329,7 +348,11 @@ export type Run = z.infer<typeof Run>;
 
 /** One page of `GET /v1/runs`. */
 export const RunPage = z.object({
-  runs: z.array(Run),
+  runs: z.array(Run).describe(
+    `Newest first: at most \`limit\` runs, and fewer when the page would pass ` +
+      `${RUN_PAGE_MAX_BYTES / 1024 / 1024} MiB of JSON (a first run larger than that alone ` +
+      "still makes a page); `next_cursor` continues either way",
+  ),
   next_cursor: z.string().nullable().describe(
     "Pass as `cursor` for the next page; null at the end",
   ),
@@ -366,6 +389,12 @@ export const ListRunsQuery = z.strictObject({
       "Page size, 1–500 (default 50)",
     ),
   cursor: z.string().max(200).optional().describe("A `next_cursor` from the previous page"),
+  fields: z.string().regex(/^[a-z_]+(,[a-z_]+)*$/, "a comma-separated list: input, result")
+    .transform((s) => [...new Set(s.split(","))]).pipe(z.array(RunListField)).optional()
+    .describe(
+      "Large fields to add to each run, comma-separated (`input,result`): a list leaves a " +
+        "run's `input` and `result` out unless asked for",
+    ),
 });
 
 /**

@@ -87,10 +87,13 @@ export interface Run {
   attempts: number;
   /** Attempts allowed before it fails for good. */
   max_attempts: number;
-  /** The input; only on `GET /v1/runs/{run_id}`. */
+  /** The input: on `GET /v1/runs/{run_id}` and a cancel; in a list only with `fields=input`. */
   input?: unknown;
-  /** What the workflow returned, once succeeded. */
-  result: unknown;
+  /**
+   * What the workflow returned, once succeeded (null before): always on one
+   * run; in a list only with `fields=result`.
+   */
+  result?: unknown;
   /** Why it failed, once failed. */
   error: unknown;
   /** RFC 3339 timestamps. */
@@ -118,7 +121,10 @@ export interface Run {
 
 /** One page of `GET /v1/runs`. */
 export interface RunPage {
-  /** The runs of the page, newest first. */
+  /**
+   * The runs of the page, newest first: at most `limit`, fewer when the page
+   * would pass 1 MiB of JSON (`next_cursor` continues either way).
+   */
   runs: Run[];
   /** Pass as `cursor` for the next page; null at the end. */
   next_cursor: string | null;

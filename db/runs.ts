@@ -1,6 +1,7 @@
 /** Reading runs: by id and by filters with keyset pagination, always tenant-scoped. */
+import type postgres from "postgres";
 import type { z } from "zod";
-import type { RunStatus as RunStatusSchema } from "../contracts/runs.ts";
+import type { RunListField, RunStatus as RunStatusSchema } from "../contracts/runs.ts";
 import type { Sql } from "./pool.ts";
 import { noLiveHost } from "./catalog.ts";
 
@@ -64,7 +65,6 @@ const RUN_COLUMN_NAMES = [
 export function runColumns(alias?: string): string {
   return RUN_COLUMN_NAMES.map((c) => alias ? `${alias}.${c}` : c).join(", ");
 }
-const RUN_COLUMNS = runColumns();
 
 /** What a queued run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
 export type WaitingReason = "worker" | "schedule" | "concurrency" | "slot";
@@ -123,6 +123,8 @@ export async function selectRun(
 }
 
 export interface RunFilter {
+  /** Columns beyond `RunListRow`'s, read only when asked for (`GET /v1/runs?fields=`). */
+  fields?: readonly RunListField[];
   goalId?: string;
   dispatchKey?: string;
   status?: RunStatus;
@@ -131,10 +133,31 @@ export interface RunFilter {
   limit: number;
 }
 
-/** A page of a tenant's runs, newest first. */
-export async function selectRuns(sql: Sql, tenantId: string, f: RunFilter): Promise<RunRow[]> {
-  return await sql<RunRow[]>`
-    select ${sql.unsafe(RUN_COLUMNS)} from runs
+/**
+ * A run as a list reads it: without `input` and `result` unless asked for
+ * (they are a run's large values, up to the body limit and
+ * RUN_RESULT_MAX_BYTES each), so that Postgres does not even detoast them.
+ */
+export type RunListRow = Omit<RunRow, "result"> & { input?: unknown; result?: unknown };
+
+const LIST_COLUMNS = RUN_COLUMN_NAMES.filter((c) => c !== "result").join(", ");
+// The column of each field: what reaches the SQL text is one of these, never the request's.
+const FIELD_COLUMNS: Record<RunListField, string> = { input: "input", result: "result" };
+
+/**
+ * A page of a tenant's runs, newest first. Awaited, all at once; with
+ * `.cursor(n)`, `n` rows at a time, so that a caller stopping early (a
+ * page full by bytes) leaves the rest unread: Postgres produces a portal's
+ * rows only as they are fetched.
+ */
+export function selectRuns(
+  sql: Sql,
+  tenantId: string,
+  f: RunFilter,
+): postgres.PendingQuery<RunListRow[]> {
+  const extra = [...new Set(f.fields ?? [])].map((c) => `, ${FIELD_COLUMNS[c]}`).join("");
+  return sql<RunListRow[]>`
+    select ${sql.unsafe(LIST_COLUMNS + extra)} from runs
      where tenant_id = ${tenantId}
        ${f.goalId === undefined ? sql`` : sql`and goal_id = ${f.goalId}`}
        ${

@@ -7,8 +7,17 @@
  * a 5xx; every 4xx is problem+json with a known type; a refusal changes no
  * row; an admitted run gives its input back exactly.
  *
+ * Beside these hand-written properties, one generated from /openapi.json
+ * itself (tests/support/openapi_fuzz.ts): every operation, every path,
+ * query and header parameter and every body field from its schema, valid or
+ * hostile (huge and negative numbers, timestamps Postgres cannot hold, NUL,
+ * lone surrogates, long strings, wrong types), parameters repeated or
+ * unknown; every 5xx it meets is listed.
+ *
  * Seeded: `FUZZ_SEED=<n>` replays a run (the seed is printed on failure),
- * `FUZZ_RUNS=<n>` sets the runs per property (default 300).
+ * `FUZZ_RUNS=<n>` sets the runs per property (default 300),
+ * `FUZZ_OPENAPI_RUNS=<n>` per operation of the generated one (default 150,
+ * four times that with a body).
  */
 import assert from "node:assert/strict";
 import fc from "fast-check";
@@ -22,12 +31,16 @@ import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
+import { encodeCursor } from "../api/runs.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
+import { operationsOf, requests } from "./support/openapi_fuzz.ts";
 
 // A fixed default keeps CI deterministic; explore with FUZZ_SEED=$RANDOM.
 const SEED = Number(Deno.env.get("FUZZ_SEED") ?? 20261129);
 const RUNS = Number(Deno.env.get("FUZZ_RUNS") ?? 300);
+// Per operation of the OpenAPI fuzz: every operation, so fewer each.
+const OPENAPI_RUNS = Number(Deno.env.get("FUZZ_OPENAPI_RUNS") ?? 150);
 const BODY_LIMIT = 256 * 1024;
 const KNOWN_TYPES = new Set(Object.keys(ERRORS).map((code) => PROBLEM_BASE + code));
 
@@ -651,6 +664,93 @@ CASES.push([
         },
       ),
     ),
+]);
+
+CASES.push([
+  "every operation of /openapi.json, every parameter and body from its schema plus hostile values: never a 5xx",
+  async () => {
+    const doc = await (await app.request("/openapi.json")).json();
+    const ops = operationsOf(doc);
+    assert.ok(ops.length >= 9, `${ops.length} operations`);
+    // Runs of both tenants, so that path parameters name runs that exist (a cancel finds one).
+    const ids: string[] = [];
+    for (const t of ["acme", "globex"] as const) {
+      for (let i = 0; i < 3; i++) {
+        const r = await app.request("/v1/runs", {
+          method: "POST",
+          body: JSON.stringify({ workflow_ref: "echo", input: { i } }),
+          headers: { authorization: `Bearer ${tokens[t]}`, "content-type": "application/json" },
+        });
+        ids.push((await r.json()).run_id);
+      }
+    }
+    const failures: string[] = [];
+    const accepted = new Set<string>();
+    for (const op of ops) {
+      const generated = requests(op, {
+        doc,
+        hints: {
+          run_id: fc.constantFrom(...ids),
+          cursor: fc.constantFrom(...ids).map(encodeCursor),
+          workflow_ref: fc.constantFrom("echo", "echo@1", "sleep"),
+          fields: fc.constantFrom(["input"], ["input", "result"]),
+          Prefer: fc.constantFrom("wait=0", "wait=-1", "wait=99999999999999999999"),
+          "Poimen-Tenant": fc.constantFrom("globex", "acme", "nobody"),
+        },
+      });
+      const who = fc.oneof(
+        { weight: 5, arbitrary: fc.constant("acme-as-itself") },
+        { weight: 2, arbitrary: fc.constantFrom("acme", "relay") },
+        { weight: 1, arbitrary: fc.constant("none") },
+      );
+      const contentType = fc.oneof(
+        { weight: 6, arbitrary: fc.constant("application/json") },
+        { weight: 1, arbitrary: fc.constantFrom("text/plain", "application/json; charset=latin1") },
+      );
+      await fc.assert(
+        fc.asyncProperty(generated, who, contentType, async (g, caller, type) => {
+          const headers = new Headers();
+          for (const [name, v] of g.headers) {
+            // The tenant's own token with another tenant named is a 403 every time: mostly not.
+            if (caller === "acme-as-itself" && name.toLowerCase() === "poimen-tenant") continue;
+            headers.append(name, v);
+          }
+          if (caller === "relay") {
+            headers.set("authorization", `Bearer ${tokens.relay}`);
+            if (!headers.has("poimen-tenant")) headers.set("poimen-tenant", "globex");
+          } else if (caller !== "none") headers.set("authorization", `Bearer ${tokens.acme}`);
+          if (g.body !== undefined) headers.set("content-type", type);
+          const r = await app.request(g.url, { method: op.method, headers, body: g.body });
+          // Every 5xx is collected, not only the first: the report lists them all.
+          if (r.status >= 500) {
+            // Both ends of a long value: a body's last fields are as telling as its first.
+            const shown = (x: string | undefined) => {
+              const text = JSON.stringify(x) ?? "undefined";
+              return text.length > 400 ? `${text.slice(0, 200)}…${text.slice(-200)}` : text;
+            };
+            const sent = `headers=${shown(JSON.stringify(g.headers))} body=${shown(g.body)}`;
+            failures.push(
+              `${r.status} ${op.method} ${shown(g.url)} ${sent} → ${
+                (await r.text()).slice(0, 300)
+              }`,
+            );
+            return;
+          }
+          if (r.status < 300) accepted.add(`${op.method} ${op.path}`);
+          await checkAnswer(r, op.method);
+        }),
+        // A body has many more ways to be wrong than a few parameters.
+        { seed: SEED, numRuns: op.body ? 4 * OPENAPI_RUNS : OPENAPI_RUNS },
+      );
+    }
+    assert.deepEqual(failures, [], `FUZZ_SEED=${SEED}: ${failures.length} answers were 5xx`);
+    // Requests got past the door on every operation, not only refusals.
+    assert.deepEqual(
+      ops.map((op) => `${op.method} ${op.path}`).filter((op) => !accepted.has(op)),
+      [],
+      "operations never answered with a 2xx",
+    );
+  },
 ]);
 
 Deno.test("api fuzz: no client input yields a 5xx, a refusal changes no row, an admission round-trips", async (t) => {

@@ -90,17 +90,22 @@ export async function demo(): Promise<void> {
   const next: string | null = page.next_cursor;
   const more = next === null ? undefined : await list({ limit: 500, cursor: next });
   const ids: string[] = page.runs.map((r) => r.run_id);
+  // One comma-separated value (explode: false): String(["input", "result"]) is "input,result".
+  const withValues = await list({ fields: ["input", "result"] });
+  const results: unknown[] = withValues.runs.map((r) => r.result);
 
   const one = await read(ids[0] ?? id);
   const waits: "worker" | "schedule" | "concurrency" | "slot" | undefined = one.waiting_for?.reason;
   const attempts: number = one.attempts;
-  void [replayed, key, version, status, more, waits, attempts];
+  void [replayed, key, version, status, more, waits, attempts, results];
 
   // What the API refuses must not type-check either: each line below is an error.
   // @ts-expect-error limit is a number, not text
   await list({ limit: "50" });
   // @ts-expect-error no such status
   await list({ status: "done" });
+  // @ts-expect-error a list adds only input and result
+  await list({ fields: ["secret"] });
   // @ts-expect-error workflow_ref is required
   await admit({ input: 1 }, {});
   // @ts-expect-error a run's status is one of five

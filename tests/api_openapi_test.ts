@@ -154,6 +154,7 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
   assert.deepEqual(page.properties.runs, {
     type: "array",
     items: { $ref: "#/components/schemas/Run" },
+    description: RunPage.shape.runs.description,
   });
   assert.deepEqual(page.properties.next_cursor, zodSchema(RunPage.shape.next_cursor, "output"));
   // The list's query parameters are ListRunsQuery's fields, each once.
@@ -253,4 +254,28 @@ Deno.test("openapi: POST /v1/runs documents the quota 429s with an integer Retry
   assert.equal(schema.type, "integer");
   assert.equal(schema.minimum, 1);
   assert.equal((doc.paths["/v1/runs"].get as Operation).responses["429"], undefined);
+});
+
+Deno.test("openapi: GET /v1/runs documents fields as one comma-separated value, and the page's byte bound", async () => {
+  const doc = await served();
+  const list = doc.paths["/v1/runs"].get as Operation;
+  const fields = list.parameters?.find((p) => p.name === "fields") as unknown as {
+    in: string;
+    style: string;
+    explode: boolean;
+    schema: { type: string; items: { enum: string[] } };
+  };
+  assert.equal(fields.in, "query");
+  // Exploded (`fields=input&fields=result`) would be a parameter given twice: refused.
+  assert.equal(fields.style, "form");
+  assert.equal(fields.explode, false);
+  assert.equal(fields.schema.type, "array");
+  assert.deepEqual(fields.schema.items.enum, ["input", "result"]);
+  assert.match(list.description ?? "", /1 MiB/);
+  const run = doc.components.schemas.Run as {
+    required: string[];
+    properties: Record<string, { description?: string }>;
+  };
+  assert.ok(!run.required.includes("result") && !run.required.includes("input"));
+  assert.match(run.properties.result.description ?? "", /fields=result/);
 });

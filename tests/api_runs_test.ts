@@ -17,6 +17,7 @@ import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
+import { RUN_PAGE_MAX_BYTES } from "../contracts/runs.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 
 // Set up by the one test below, which runs every case as a step on one
@@ -603,6 +604,113 @@ CASES.push([
     assert.equal(body.retryable, true);
     assert.equal(budget.free, 4096);
     stalled?.close();
+  },
+]);
+
+CASES.push([
+  "a runs list leaves input and result out unless fields asks, and pages stay under 1 MiB to the last run",
+  async (t) => {
+    const bigApp = makeApp(2 * 1024 * 1024);
+    const auth = { authorization: `Bearer ${acme}` };
+    const goal = `big-${crypto.randomUUID()}`;
+    // 300 KB of JSON each ("é" is 2 bytes in UTF-8 and 1 UTF-16 unit), and one run
+    // alone over the bound; results of 200 KB.
+    const inputs = [0, 1, 2, 3, 4, 5, 6].map((i) => ({
+      i,
+      pad: "é".repeat(i === 3 ? 600_000 : 150_000),
+    }));
+    const made: string[] = [];
+    for (const input of inputs) {
+      const r = await bigApp.request("/v1/runs", {
+        method: "POST",
+        body: JSON.stringify({ workflow_ref: "echo", input, goal_id: goal }),
+        headers: { ...auth, "content-type": "application/json" },
+      });
+      assert.equal(r.status, 201, await r.clone().text());
+      made.push((await r.json()).run_id);
+    }
+    // Finished as a worker would leave them: a result of its own on each.
+    const resultOf = (id: string) => ({ id, out: "r".repeat(200_000) });
+    for (const id of made) {
+      await sql`update runs set status = 'succeeded', result = ${sql.json(resultOf(id))},
+                                finished_at = now()
+                 where tenant_id = 'acme' and run_id = ${id}`;
+    }
+    const newestFirst = [...made].reverse();
+    const list = async (q: string) => {
+      const r = await bigApp.request(`/v1/runs?goal_id=${goal}&limit=500${q}`, { headers: auth });
+      const text = await r.text();
+      assert.equal(r.status, 200, text);
+      assert.match(r.headers.get("content-type") ?? "", /^application\/json/);
+      return { bytes: new TextEncoder().encode(text).byteLength, page: JSON.parse(text) };
+    };
+    type Listed = { run_id: string; input?: unknown; result?: unknown; status: string };
+
+    await t.step("without fields: one page, no input and no result on any run", async () => {
+      const { bytes, page } = await list("");
+      assert.deepEqual(page.runs.map((r: Listed) => r.run_id), newestFirst);
+      assert.equal(page.next_cursor, null);
+      for (const run of page.runs as Listed[]) {
+        assert.ok(!("input" in run) && !("result" in run), Object.keys(run).join());
+        assert.equal(run.status, "succeeded");
+      }
+      assert.ok(bytes < 20_000, `${bytes} bytes for 7 runs without their values`);
+    });
+
+    for (const fields of ["input,result", "result,input", "input", "result"]) {
+      await t.step(
+        `fields=${fields}: pages under 1 MiB whose cursor reaches every run`,
+        async () => {
+          const seen: Listed[] = [];
+          let pages = 0;
+          let cursor: string | null = null;
+          do {
+            const { bytes, page }: {
+              bytes: number;
+              page: { runs: Listed[]; next_cursor: string };
+            } = await list(`&fields=${fields}${cursor ? `&cursor=${cursor}` : ""}`);
+            pages++;
+            assert.ok(page.runs.length >= 1, "a page holds a run");
+            if (page.runs.length > 1) assert.ok(bytes <= RUN_PAGE_MAX_BYTES, `${bytes} bytes`);
+            // The run over the bound by itself is alone on its page.
+            if (page.runs.some((r) => r.run_id === made[3]) && fields.includes("input")) {
+              assert.equal(page.runs.length, 1);
+            }
+            seen.push(...page.runs);
+            cursor = page.next_cursor;
+          } while (cursor !== null && pages < 20);
+          assert.deepEqual(seen.map((r) => r.run_id), newestFirst, "each run once, newest first");
+          const wants = fields.split(",");
+          for (const run of seen) {
+            const i = made.indexOf(run.run_id);
+            assert.equal("input" in run, wants.includes("input"));
+            assert.equal("result" in run, wants.includes("result"));
+            if (wants.includes("input")) assert.deepEqual(run.input, inputs[i]);
+            if (wants.includes("result")) assert.deepEqual(run.result, resultOf(run.run_id));
+          }
+          // 1.4 MB of results: two pages at least; with inputs, the big one alone and the rest.
+          assert.ok(pages >= (wants.includes("input") ? 3 : 2), `${pages} pages`);
+        },
+      );
+    }
+
+    await t.step("a bad fields value is a 422 naming fields", async () => {
+      for (
+        const q of [
+          "fields=secret",
+          "fields=",
+          "fields=input,,result",
+          "fields=input&fields=result",
+        ]
+      ) {
+        const body = await refused(
+          () => bigApp.request(`/v1/runs?${q}`, { headers: auth }),
+          422,
+          "validation",
+        );
+        assert.match(body.errors[0].path, /^fields/, q);
+      }
+    });
   },
 ]);
 

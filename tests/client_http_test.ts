@@ -270,6 +270,17 @@ apiTest(
     assert.equal(seen.length, 25);
     assert.deepEqual(new Set(seen), admitted);
 
+    // A run's input and result only when fields asks for them.
+    for await (const page of client.listRuns({ goal_id: goal, limit: 3 })) {
+      assert.ok(page.runs.every((r) => !("input" in r) && !("result" in r)));
+      break;
+    }
+    for await (const page of client.listRuns({ goal_id: goal, limit: 3, fields: ["input"] })) {
+      assert.deepEqual(page.runs.map((r) => r.input), [{ i: 24 }, { i: 23 }, { i: 22 }]);
+      assert.ok(page.runs.every((r) => !("result" in r)));
+      break;
+    }
+
     // Everything, in one page; stopping early stops fetching.
     let pages = 0;
     for await (const page of client.listRuns({ limit: 500 })) {

@@ -138,7 +138,8 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
   app.get("/fragments/runs", async (c) => {
     const q = parseQuery(c, ConsoleRunsQuery);
     const tenant = c.get("principal").tenantId;
-    const { runs, next_cursor: next } = await listRunsPage(sql, tenant, q);
+    // The list shows neither input nor result: never read them (a run's page does).
+    const { runs, next_cursor: next } = await listRunsPage(sql, tenant, { ...q, fields: [] });
     return c.html(
       <RunsFragment
         tenant={tenant}
