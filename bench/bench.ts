@@ -48,7 +48,7 @@ import { spreadSection } from "./spread_section.ts";
 import { idleGroupsSection } from "./idle_groups_section.ts";
 import { claimCostSection } from "./claim_cost_section.ts";
 import { soakSection } from "./soak_section.ts";
-import type { ShapeConfig } from "./run_context.ts";
+import { SHAPE_SECTIONS, type ShapeConfig } from "./run_context.ts";
 import { report } from "./report_writer.ts";
 
 const COMMAND = {
@@ -111,12 +111,16 @@ first use.`,
 async function main({ quick, only, shape }: BenchArgs) {
   const started = { at: new Date(), load: loadAvg() };
   log(`${quick ? "quick" : "full"} run; load average ${started.load}`);
-  const wrk = await ensureWrk();
-  const pgbench = await findPgbench();
-  const nodeVersion = await ensureQueueDeps();
+  // The queue-shape sections alone need none of the competitors' tools.
+  const tools = !only || [...only].some((s) => !(SHAPE_SECTIONS as readonly string[]).includes(s));
+  const wrk = tools ? await ensureWrk() : "";
+  const pgbench = tools ? await findPgbench() : "";
+  const nodeVersion = tools ? await ensureQueueDeps() : "";
   const ctx = new BenchContext({ quick, only, adminUrl: adminUrl(), wrk, pgbench, shape });
   const admin = createPool({ url: ctx.adminUrl, max: 2, applicationName: "bench" });
-  const facts = await versions(admin, { wrk, pgbench, nodeVersion });
+  const facts = tools
+    ? await versions(admin, { wrk, pgbench, nodeVersion })
+    : { Deno: Deno.version.deno };
   const dbs = () =>
     admin<{ datname: string }[]>`
       select datname from pg_database where datname like ${`poimen_bench_${ctx.stamp}%`}`;

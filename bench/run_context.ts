@@ -18,6 +18,8 @@ export const SECTIONS = [
   "relay",
   "soak",
 ] as const;
+/** The sections of issue 28's measurements, which need no competitor's tools. */
+export const SHAPE_SECTIONS = ["spread", "idle", "claim", "soak"] as const;
 /** One of {@link SECTIONS}. */
 export type Section = typeof SECTIONS[number];
 
@@ -72,7 +74,7 @@ export function shapeConfig(quick: boolean): ShapeConfig {
     keyRuns: 40,
     drainDeadlineSecs: quick ? 30 : 120,
     claimQueued: quick ? 100_000 : 1_000_000,
-    claimSamples: quick ? 50 : 200,
+    claimSamples: quick ? 50 : 100,
     soakRuns: quick ? 20_000 : DEFAULT_SOAK_RUNS,
   };
 }
