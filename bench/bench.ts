@@ -71,7 +71,10 @@ bench/REPORT.md and prints it. Asserts nothing about durations; exits non-zero
 when a count is wrong (every key exactly once, every waiter answered final). pg-boss, graphile-worker and Node 22 are installed into bench/.deps on
 first use.`,
   flags: {
-    quick: { type: "boolean", description: "a two-minute smoke run (2 s per figure, one round)" },
+    quick: {
+      type: "boolean",
+      description: "a smoke run (2 s per figure, one round, small queue-shape sizes)",
+    },
     only: {
       type: "string",
       valueName: "SECTIONS",
@@ -81,7 +84,7 @@ first use.`,
       type: "string",
       valueName: "N",
       description:
-        "runs through the soak (default 300000, about 5 minutes here; the issue's 10000000)",
+        "runs through the soak (default 200000, at most about 5 minutes here; the issue's 10000000)",
     },
     "spread-runs": {
       type: "string",

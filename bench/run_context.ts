@@ -80,7 +80,7 @@ export function shapeConfig(quick: boolean): ShapeConfig {
 }
 
 /** Runs through the soak of a full run: about 5 minutes on a 2-core machine. */
-export const DEFAULT_SOAK_RUNS = 300_000;
+export const DEFAULT_SOAK_RUNS = 200_000;
 
 /** The configuration of a full run, or of a `--quick` one. */
 export function benchConfig(quick: boolean): BenchConfig {
