@@ -7,6 +7,7 @@ import { loadAvg } from "./tools.ts";
 import { type BenchContext, CONNS, type Figure, REPLAY_KEYS } from "./run_context.ts";
 import { cpuModel } from "./machine_facts.ts";
 import { waitReport } from "./wait_section.ts";
+import { queueShapeReport } from "./queue_shape_report.ts";
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -206,6 +207,7 @@ export async function report(
     ``,
     table("worker", false),
     ``,
+    ...queueShapeReport(ctx),
     ...waitReport(ctx),
     `## Inbox relay`,
     ``,

@@ -7,7 +7,19 @@ import { PROJECT_ROOT } from "../dev/tasks.ts";
 import { ProcStats } from "./tools.ts";
 
 /** The sections `--only` chooses among, in the order a run measures them. */
-export const SECTIONS = ["http", "growth", "worker", "wait", "relay"] as const;
+export const SECTIONS = [
+  "http",
+  "growth",
+  "worker",
+  "spread",
+  "idle",
+  "claim",
+  "wait",
+  "relay",
+  "soak",
+] as const;
+/** The sections of issue 28's measurements, which need no competitor's tools. */
+export const SHAPE_SECTIONS = ["spread", "idle", "claim", "soak"] as const;
 /** One of {@link SECTIONS}. */
 export type Section = typeof SECTIONS[number];
 
@@ -23,7 +35,52 @@ export interface BenchConfig {
   workerJobs: number;
   relayDrain: number;
   relaySecs: number;
+  /** The queue's shape (issue 28): sizes of the spread, idle, claim and soak sections. */
+  shape: ShapeConfig;
 }
+
+/**
+ * Sizes of the sections that measure the queue's cost against what waits
+ * beside the due work (issue 28); each can be set on the command line.
+ */
+export interface ShapeConfig {
+  /** Runs each spread scenario admits and drains. */
+  spreadRuns: number;
+  /** Tenants the spread section spreads them over (1 always measured first). */
+  tenants: number[];
+  /** Versions the hosted-versions scenarios' worker hosts (echo and no-ops). */
+  hostedVersions: number[];
+  /** Not-due groups the idle section puts beside one key's due runs (0 always measured). */
+  idleGroups: number[];
+  /** Due runs of the one key the idle section drains. */
+  keyRuns: number;
+  /** How long the idle section waits for them before it reports "not drained". */
+  drainDeadlineSecs: number;
+  /** Queued runs of the claim section (running and tenants: 1% of it each, at most 10,000). */
+  claimQueued: number;
+  /** Claims sampled per statement and state. */
+  claimSamples: number;
+  /** Runs that pass through the soak. */
+  soakRuns: number;
+}
+
+/** The shape sizes of a full run, or of a `--quick` one. */
+export function shapeConfig(quick: boolean): ShapeConfig {
+  return {
+    spreadRuns: quick ? 2_000 : 20_000,
+    tenants: quick ? [1, 200, 2_000] : [1, 200, 2_000, 10_000],
+    hostedVersions: [3, 30],
+    idleGroups: quick ? [0, 1_000] : [0, 1_000, 10_000],
+    keyRuns: 40,
+    drainDeadlineSecs: quick ? 30 : 120,
+    claimQueued: quick ? 100_000 : 1_000_000,
+    claimSamples: quick ? 50 : 100,
+    soakRuns: quick ? 20_000 : DEFAULT_SOAK_RUNS,
+  };
+}
+
+/** Runs through the soak of a full run: about 5 minutes on a 2-core machine. */
+export const DEFAULT_SOAK_RUNS = 200_000;
 
 /** The configuration of a full run, or of a `--quick` one. */
 export function benchConfig(quick: boolean): BenchConfig {
@@ -36,6 +93,7 @@ export function benchConfig(quick: boolean): BenchConfig {
       workerJobs: 2_000,
       relayDrain: 2_000,
       relaySecs: 3,
+      shape: shapeConfig(true),
     }
     : {
       secs: 8,
@@ -45,6 +103,7 @@ export function benchConfig(quick: boolean): BenchConfig {
       workerJobs: 20_000,
       relayDrain: 20_000,
       relaySecs: 10,
+      shape: shapeConfig(false),
     };
 }
 
@@ -99,6 +158,61 @@ export interface WaitFigure {
   clientCpu: number;
 }
 
+/** One key's due runs drained behind `idle` not-due groups (the idle section). */
+export interface DrainFigure {
+  round: number;
+  idle: number;
+  /** The key's first admission to its last finish (Postgres clock), s; undefined: not drained. */
+  seconds?: number;
+  done: number;
+  of: number;
+}
+
+/** One statement's sampled claims in one state (the claim section). */
+export interface ClaimFigure {
+  statement: string;
+  state: string;
+  samples: number;
+  p50: number;
+  p99: number;
+  /** Shared buffers hit or read per claim (pg_stat_statements), median and p99. */
+  buffersP50: number;
+  buffersP99: number;
+  /** Runs a claim took, median. */
+  claimed: number;
+}
+
+/** One window of the soak. */
+export interface SoakSample {
+  /** Seconds since the soak started. */
+  at: number;
+  /** Runs finished so far, and queued at the sample. */
+  finished: number;
+  queued: number;
+  /** Rolled-back probe claims during the window, ms. */
+  claimP50: number;
+  claimP99: number;
+  /** Sizes in MB: runs' heap, runs' indexes, work_events' heap and indexes. */
+  runsMb: number;
+  runsIndexMb: number;
+  eventsMb: number;
+  /** Autovacuum and autoanalyze runs on `runs` so far. */
+  autovacuums: number;
+  autoanalyzes: number;
+  /** Runs the retention purge deleted so far. */
+  purged: number;
+}
+
+/** What the shape sections measured beside the figures. */
+export interface ShapeResults {
+  drains: DrainFigure[];
+  claims: ClaimFigure[];
+  soak: SoakSample[];
+  /** The soak's own Postgres settings and its runs, for the report. */
+  soakSetup?: { runs: number; seconds: number; settings: Record<string, string>; rate: number };
+  claimSetup?: { queued: number; running: number; tenants: number };
+}
+
 /** What a run was asked for and where its tools are. */
 export interface BenchOptions {
   quick: boolean;
@@ -109,6 +223,8 @@ export interface BenchOptions {
   /** Paths of wrk and pgbench. */
   wrk: string;
   pgbench: string;
+  /** Sizes of the shape sections set on the command line, over the run's defaults. */
+  shape?: Partial<ShapeConfig>;
 }
 
 /** A run's settings and everything it has measured so far. */
@@ -128,11 +244,14 @@ export class BenchContext {
   readonly notes: string[] = [];
   /** The wait section's rounds. */
   readonly waiting: WaitFigure[] = [];
+  /** The idle, claim and soak sections' measurements (bench/queue_shape_report.ts). */
+  readonly shape: ShapeResults = { drains: [], claims: [], soak: [] };
 
   constructor(options: BenchOptions) {
     this.quick = options.quick;
     this.only = options.only;
-    this.cfg = benchConfig(options.quick);
+    const cfg = benchConfig(options.quick);
+    this.cfg = { ...cfg, shape: { ...cfg.shape, ...options.shape } };
     this.adminUrl = options.adminUrl;
     this.wrk = options.wrk;
     this.pgbench = options.pgbench;

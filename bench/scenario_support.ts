@@ -17,14 +17,18 @@ function dbUrl(adminUrl: string, name: string): string {
   return u.href;
 }
 
-/** Creates and migrates database `name` on the admin URL's server; a pool of 4 on it. */
+/**
+ * Creates and migrates database `name` on `admin`'s server (`adminUrl`: the
+ * run's, unless a section's own server); a pool of 4 on it.
+ */
 export async function createDb(
   ctx: BenchContext,
   admin: Sql,
   name: string,
+  adminUrl = ctx.adminUrl,
 ): Promise<{ url: string; sql: Sql }> {
   await admin.unsafe(`create database ${name}`);
-  const url = dbUrl(ctx.adminUrl, name);
+  const url = dbUrl(adminUrl, name);
   const sql = createPool({ url, max: 4, applicationName: "bench" });
   await migrate(sql, loadMigrations(), silentLogger);
   return { url, sql };

@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { PROJECT_ROOT } from "../dev/tasks.ts";
 import { benchArgs } from "../bench/bench.ts";
+import { BenchContext, DEFAULT_SOAK_RUNS } from "../bench/run_context.ts";
 
 const TASKS = ["bench", "bench:relay", "bench:growth"];
 
@@ -63,6 +64,7 @@ Deno.test("bench cli: a bad flag value is one line and exit 2, for each task", a
   for (
     const [name, args, message] of [
       ["bench", ["--only", "http,gpu"], "bench: --only: no section 'gpu' (sections: "],
+      ["bench", ["--soak-runs", "10M"], "bench: --soak-runs must be a whole number ≥ 1"],
       ["bench:relay", ["--rounds", "two"], "bench:relay: --rounds must be a whole number ≥ 1"],
       ["bench:growth", ["--sizes", "0,50"], "bench:growth: --sizes: 0 or whole numbers above"],
     ] as const
@@ -114,6 +116,85 @@ Deno.test("bench cli: a positional argument or a missing --only value is a usage
     const { lines, output } = capture();
     assert.equal(benchArgs(argv, output), 2, argv.join(" "));
     assert.equal(lines.err.length, 1, argv.join(" "));
+    assert.deepEqual(lines.out, []);
+  }
+});
+
+Deno.test("bench cli: each issue-28 section runs alone with --only, its sizes from its flags", () => {
+  const { lines, output } = capture();
+  const args = benchArgs([
+    "--",
+    "--only",
+    "spread,idle,claim,soak",
+    "--soak-runs",
+    "10000000",
+    "--spread-runs",
+    "200",
+    "--tenants",
+    "1,20",
+    "--idle-groups",
+    "0,20",
+    "--claim-queued",
+    "2000",
+  ], output);
+  assert.deepEqual(lines, { out: [], err: [] });
+  assert.notEqual(typeof args, "number");
+  if (typeof args === "number") return;
+  assert.deepEqual([...args.only!], ["spread", "idle", "claim", "soak"]);
+  assert.deepEqual(args.shape, {
+    soakRuns: 10_000_000,
+    spreadRuns: 200,
+    tenants: [1, 20],
+    idleGroups: [0, 20],
+    claimQueued: 2000,
+  });
+  for (const section of ["spread", "idle", "claim", "soak"]) {
+    const alone = benchArgs(["--only", section], output);
+    assert.notEqual(typeof alone, "number", section);
+    if (typeof alone !== "number") assert.deepEqual([...alone.only!], [section]);
+  }
+});
+
+Deno.test("bench cli: without size flags the run keeps its defaults, 10,000 tenants and 1M queued", () => {
+  const args = benchArgs([], capture().output);
+  assert.notEqual(typeof args, "number");
+  if (typeof args === "number") return;
+  assert.deepEqual(args.shape, {});
+  const full = new BenchContext({ quick: false, adminUrl: "", wrk: "", pgbench: "" }).cfg.shape;
+  assert.deepEqual(full.tenants, [1, 200, 2_000, 10_000]);
+  assert.deepEqual(full.idleGroups, [0, 1_000, 10_000]);
+  assert.equal(full.claimQueued, 1_000_000);
+  assert.equal(full.soakRuns, DEFAULT_SOAK_RUNS);
+  const set = new BenchContext({
+    quick: true,
+    adminUrl: "",
+    wrk: "",
+    pgbench: "",
+    shape: { soakRuns: 10_000_000, tenants: [1, 20] },
+  }).cfg.shape;
+  assert.equal(set.soakRuns, 10_000_000);
+  assert.deepEqual(set.tenants, [1, 20]);
+  assert.equal(set.spreadRuns, 2_000, "--quick's size where no flag set one");
+});
+
+Deno.test("bench cli: a bad size is one usage line naming its flag", () => {
+  for (
+    const [argv, message] of [
+      [["--soak-runs", "0"], "bench: --soak-runs must be a whole number ≥ 1"],
+      [["--soak-runs", "1e7"], "bench: --soak-runs must be a whole number ≥ 1"],
+      [["--spread-runs", "2.5"], "bench: --spread-runs must be a whole number ≥ 1"],
+      [["--tenants", "1,x"], "bench: --tenants: whole numbers ≥ 1, comma-separated"],
+      [["--tenants", "0,20"], "bench: --tenants: whole numbers ≥ 1, comma-separated"],
+      [["--tenants", "200,20"], "bench: --tenants: ascending, each once"],
+      [["--idle-groups", "0,1000,1000"], "bench: --idle-groups: ascending, each once"],
+      [["--claim-queued", "50"], "bench: --claim-queued must be a whole number ≥ 100"],
+      [["--soak-runs"], "bench: "],
+    ] as const
+  ) {
+    const { lines, output } = capture();
+    assert.equal(benchArgs([...argv], output), 2, argv.join(" "));
+    assert.equal(lines.err.length, 1, argv.join(" "));
+    assert.ok(lines.err[0].startsWith(message), `${argv.join(" ")}: ${lines.err[0]}`);
     assert.deepEqual(lines.out, []);
   }
 });
