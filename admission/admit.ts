@@ -21,7 +21,7 @@ import type { RunRow } from "../db/runs.ts";
 import type { RunRequest } from "../contracts/runs.ts";
 import type { AdmissionVersion, WorkflowLookup } from "./catalog.ts";
 import { Batcher } from "../core/batcher.ts";
-import { formatPath } from "../contracts/runs.ts";
+import { formatPath } from "../contracts/json_value.ts";
 import { concurrencyKeyOf } from "../contracts/concurrency.ts";
 
 /** A JSON Pointer's segments, unescaped (`/a~1b/0` → `["a/b", "0"]`). */

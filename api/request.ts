@@ -3,7 +3,7 @@ import type { Context, MiddlewareHandler } from "hono";
 import { bodyLimit } from "hono/body-limit";
 import type { z } from "zod";
 import { type FieldError, PoimenError } from "../core/errors.ts";
-import { formatPath } from "../contracts/runs.ts";
+import { formatPath } from "../contracts/json_value.ts";
 import type { BodyBudget } from "./body_budget.ts";
 import type { Principal } from "./auth.ts";
 

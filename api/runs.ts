@@ -1,19 +1,10 @@
 /** The runs resource: admission, one run, and a tenant's runs with keyset pagination. */
 import { Hono, type MiddlewareHandler } from "hono";
-import type { z } from "zod";
 import { PoimenError } from "../core/errors.ts";
 import { activeTraceparent, validTraceparent } from "../core/tracing.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
-import {
-  type RunEventRow,
-  type RunListRow,
-  type RunRow,
-  selectRun,
-  selectRunEvents,
-  selectRuns,
-  type WaitingReason,
-} from "../db/runs.ts";
+import { selectRun, selectRunEvents } from "../db/runs.ts";
 import { requestCancel } from "../db/cancellation.ts";
 import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
@@ -24,12 +15,8 @@ import {
   IdempotencyKeyHeader,
   ListRunsQuery,
   RELAY_KEY_PREFIX,
-  type Run,
-  RUN_PAGE_MAX_BYTES,
-  type RunEvent,
   RunRequest,
   SourceHeader,
-  type WaitingFor,
 } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
 import type { Principal } from "./auth.ts";
@@ -39,6 +26,8 @@ import type { BodyBudget } from "./body_budget.ts";
 import type { RunWatch } from "./run_watch.ts";
 import { preferredWait, readRunWaiting } from "./run_wait.ts";
 import { lastEventId, runEventStream } from "./run_stream.ts";
+import { MAX_RUN_EVENTS, toRun, toRunEvent } from "./run_json.ts";
+import { listRunsPage } from "./run_list.ts";
 
 export interface RunsDeps {
   sql: Sql;
@@ -57,195 +46,6 @@ export interface RunsDeps {
   heartbeatMs?: number;
   /** Per-tenant quotas (admission/quota.ts); without it (tests that do not say), none. */
   quota?: QuotaGate;
-}
-
-/** What a queued run waits for, for people and programs; null for any other run. */
-export function waitingFor(
-  row: Pick<RunRow, "workflow_name" | "workflow_version" | "run_after" | "concurrency_key"> & {
-    slot_limit?: number | null;
-    slot_running?: number | null;
-  },
-  reason: WaitingReason | null,
-): WaitingFor | null {
-  switch (reason) {
-    case null:
-      return null;
-    case "worker": {
-      const workflow = `${row.workflow_name}@${row.workflow_version}`;
-      return { reason, workflow, detail: `no running worker hosts ${workflow}` };
-    }
-    case "schedule": {
-      const until = new Date(row.run_after).toISOString();
-      return { reason, until, detail: `scheduled: not due before ${until}` };
-    }
-    case "concurrency": {
-      const key = row.concurrency_key ?? "";
-      const limit = row.slot_limit ?? 0;
-      const running = row.slot_running ?? 0;
-      const per = key === "" ? "for this tenant" : `for key ${JSON.stringify(key)}`;
-      return {
-        reason,
-        key,
-        limit,
-        running,
-        detail: `waiting on ${row.workflow_name}'s concurrency limit: ${running} of ${limit} ` +
-          `running ${per}`,
-      };
-    }
-    case "slot":
-      return { reason, detail: "due; waiting for a free worker slot" };
-  }
-}
-
-/**
- * A run row as JSON: `input` and `result` when the row has them (a list's
- * only when asked for), `waiting_for` when the row says what it waits for
- * (selectRun's `waiting`).
- */
-export function toRun(
-  row: RunListRow & {
-    waiting_reason?: WaitingReason | null;
-    slot_limit?: number | null;
-    slot_running?: number | null;
-  },
-): Run {
-  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
-  return {
-    run_id: row.run_id,
-    tenant_id: row.tenant_id,
-    workflow_ref: row.workflow_ref,
-    workflow: row.workflow_name,
-    workflow_version: row.workflow_version,
-    status: row.status,
-    goal_id: row.goal_id,
-    dispatch_key: row.dispatch_key,
-    source: row.source,
-    attempts: row.attempts,
-    max_attempts: row.max_attempts,
-    ...("input" in row ? { input: row.input } : {}),
-    ...("result" in row ? { result: row.result ?? null } : {}),
-    error: row.error ?? null,
-    created_at: iso(row.created_at)!,
-    updated_at: iso(row.updated_at)!,
-    started_at: iso(row.started_at),
-    finished_at: iso(row.finished_at),
-    run_after: iso(row.run_after)!,
-    cancel_requested_at: iso(row.cancel_requested_at),
-    priority: row.priority,
-    concurrency_key: row.concurrency_key,
-    ...("waiting_reason" in row && row.waiting_reason !== undefined
-      ? { waiting_for: waitingFor(row, row.waiting_reason) }
-      : {}),
-  };
-}
-
-/** Most events one run's timeline returns. */
-export const MAX_RUN_EVENTS = 1000;
-
-/** A work_events row as JSON. */
-export function toRunEvent(row: RunEventRow): RunEvent {
-  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
-  return {
-    seq: row.seq,
-    type: row.type,
-    payload: row.payload,
-    at: iso(row.at)!,
-    published_at: iso(row.published_at),
-    parked_at: iso(row.parked_at),
-  };
-}
-
-/** One page of `GET /v1/runs`, and the same as the JSON text the API answers with. */
-export interface ListedPage {
-  runs: Run[];
-  next_cursor: string | null;
-  /** `{"runs":[…],"next_cursor":…}`, each run serialized once, while it was measured. */
-  json: string;
-}
-
-// Rows read at a time: small while a run may carry its input and result (each
-// up to about 1 MiB), so that what is read past a full page stays small too.
-const CHUNK_ROWS = { plain: 64, fields: 4 };
-
-/**
- * One page of a tenant's runs, newest first, by keyset: at most `q.limit`
- * runs and at most `maxBytes` of JSON (RUN_PAGE_MAX_BYTES), whichever comes
- * first; a first run over `maxBytes` alone is a page of one. Rows are read
- * a few at a time and the reading stops with the page, so neither the API
- * nor Postgres handles much past it; one row more than the page tells
- * whether there is a next one. `input` and `result` only with `q.fields`.
- * Shared by `GET /v1/runs` and the console (which never asks for them).
- */
-export async function listRunsPage(
-  sql: Sql,
-  tenant: string,
-  q: z.infer<typeof ListRunsQuery>,
-  maxBytes: number = RUN_PAGE_MAX_BYTES,
-): Promise<ListedPage> {
-  const fields = q.fields ?? [];
-  const query = selectRuns(sql, tenant, {
-    fields,
-    goalId: q.goal_id,
-    dispatchKey: q.dispatch_key,
-    status: q.status,
-    before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
-    limit: q.limit + 1,
-  });
-  const runs: Run[] = [];
-  const texts: string[] = [];
-  // The page's frame: `{"runs":[`, `],"next_cursor":` and a cursor (a uuid in base64url).
-  let bytes = '{"runs":[],"next_cursor":""}'.length + 48;
-  let more = false;
-  const chunk = Math.min(q.limit + 1, fields.length > 0 ? CHUNK_ROWS.fields : CHUNK_ROWS.plain);
-  reading: for await (const rows of query.cursor(chunk)) {
-    for (const row of rows) {
-      const run = toRun(row);
-      const text = JSON.stringify(run);
-      const size = utf8Length(text) + (texts.length > 0 ? 1 : 0);
-      if (runs.length === q.limit || (runs.length > 0 && bytes + size > maxBytes)) {
-        more = true;
-        break reading;
-      }
-      runs.push(run);
-      texts.push(text);
-      bytes += size;
-    }
-  }
-  const next = more ? encodeCursor(runs[runs.length - 1].run_id) : null;
-  const json = `{"runs":[${texts.join(",")}],"next_cursor":${JSON.stringify(next)}}`;
-  return { runs, next_cursor: next, json };
-}
-
-/**
- * The UTF-8 length of a JSON text: `JSON.stringify` escapes lone
- * surrogates, so each surrogate here is half of a 4-byte pair.
- */
-function utf8Length(s: string): number {
-  let n = s.length;
-  for (let i = 0; i < s.length; i++) {
-    const c = s.charCodeAt(i);
-    if (c < 0x80) continue;
-    n += c < 0x800 || (c >= 0xd800 && c <= 0xdfff) ? 1 : 2;
-  }
-  return n;
-}
-
-/** The cursor is opaque to clients: base64url of the last run id of a page. */
-export function encodeCursor(runId: string): string {
-  return btoa(runId).replaceAll("=", "");
-}
-/** The run id of a cursor; a validation error when it is not one of ours. */
-export function decodeCursor(cursor: string): string {
-  let runId = "";
-  try {
-    runId = atob(cursor);
-  } catch { /* reported below */ }
-  if (!UUID_PATTERN.test(runId)) {
-    throw new PoimenError("validation", "bad cursor", {
-      errors: [{ path: "cursor", message: "not a cursor returned by this API" }],
-    });
-  }
-  return runId;
 }
 
 /**

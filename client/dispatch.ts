@@ -37,7 +37,8 @@
  *
  * @module
  */
-import { formatPath, RunRequest as RunRequestSchema } from "../contracts/runs.ts";
+import { formatPath } from "../contracts/json_value.ts";
+import { RunRequest as RunRequestSchema } from "../contracts/runs.ts";
 import type { ProblemFieldError, RunRequest } from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import { dispatchMessageKey, dispatchTopic } from "../contracts/topics.ts";

@@ -31,7 +31,7 @@ import { createApp } from "../api/app.ts";
 import { Authenticator, hashToken, newToken } from "../api/auth.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
-import { encodeCursor } from "../api/runs.ts";
+import { encodeCursor } from "../api/run_list.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { operationsOf, requests } from "./support/openapi_fuzz.ts";

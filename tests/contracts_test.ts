@@ -1,7 +1,8 @@
 /** The wire contracts: one definition each, and the code that speaks them agrees with it. */
 import assert from "node:assert/strict";
 import { EventMessage, parseEventMessage } from "../contracts/events.ts";
-import { formatPath, jsonProblems, MAX_JSON_DEPTH, RunRequest } from "../contracts/runs.ts";
+import { formatPath, jsonProblems, MAX_JSON_DEPTH } from "../contracts/json_value.ts";
+import { RunRequest } from "../contracts/runs.ts";
 import {
   DISPATCH_TOPIC_PATTERN,
   dispatchTopic,
