@@ -18,6 +18,7 @@ import { selectUnhostedQueues } from "../../db/catalog.ts";
 import {
   claimPendingEvents,
   markPublished,
+  OUTBOX_SHARDS,
   outboxStats,
   parkEvents,
   purgePublished,
@@ -268,7 +269,12 @@ export function hotStatements(s: Sample): HotStatement[] {
     },
     {
       name: "outbox: claimPendingEvents",
-      call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500, 16 << 20),
+      // Every shard; the session named matters not to the plan.
+      call: (sql) =>
+        claimPendingEvents(sql, 500, 16 << 20, {
+          shards: Array.from({ length: OUTBOX_SHARDS }, (_, i) => i),
+          pid: 0,
+        }),
       // runs by primary key: each event's run's traceparent.
       indexes: {
         work_events: ["work_events_pending_idx", "work_events_pkey"],
