@@ -30,6 +30,7 @@ import {
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
+import { correctSlot } from "../../db/slot_reconcile.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
 import {
   selectLimitedWorkflowStats,
@@ -209,6 +210,21 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "queue: reclaimExpired",
       call: (sql) => reclaimExpired(sql, 100),
       indexes: { runs: ["runs_running_tenant_idx"] },
+    },
+    {
+      // The slot reconciler's count of one group: its queued runs are one
+      // range of the group's index, its running ones one of the tenant's.
+      name: "maintenance: correctSlot",
+      call: (sql) =>
+        correctSlot(sql as unknown as postgres.TransactionSql, {
+          tenant_id: s.tenant,
+          workflow_name: "keyed",
+          concurrency_key: "k0",
+        }),
+      indexes: {
+        runs: ["runs_queued_key_idx", "runs_running_tenant_idx"],
+        concurrency_slots: ["concurrency_slots_pkey"],
+      },
     },
     {
       name: "queue: queueCounts",
