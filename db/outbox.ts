@@ -1,14 +1,44 @@
 /**
  * The outbox publisher's statements over `work_events`: claim a batch of
  * pending events, mark the shipped ones published, report the backlog, and
- * purge what was published long enough ago.
+ * purge what was published long enough ago; and the advisory locks by which
+ * several publisher processes split the work.
  *
- * Claiming takes row locks (`FOR UPDATE SKIP LOCKED`) that the caller holds,
- * in its transaction, while it publishes: another publisher process skips them,
- * so in normal operation no row is shipped twice. See `claimPendingEvents`
- * for how per-run order survives several processes.
+ * No statement here is held open across a Kafka send: a claim is one
+ * autocommit statement, and so is each mark. What keeps two publisher
+ * processes from shipping one run at once is the shard lock: every run
+ * belongs to one of `OUTBOX_SHARDS` shards (a hash of tenant and run), and a
+ * process claims only the runs of the shards whose session-level advisory
+ * lock it holds, on a connection of its own (`ShardLocks`,
+ * outbox/shard_locks.ts). A session lock, unlike an open transaction or its
+ * row locks, holds back no vacuum: it pins no snapshot and writes no xid.
  */
 import type { Sql, TransactionSql } from "./pool.ts";
+
+/** A statement's target: the pool, a reserved connection or a transaction. */
+type Db = Sql | TransactionSql;
+
+/**
+ * How many shards the runs' events are split into among publisher
+ * processes; a power of two (the shard is a hash masked by it).
+ */
+export const OUTBOX_SHARDS = 32;
+
+/**
+ * The first key of every outbox advisory lock (`pg_advisory_lock(int4, int4)`),
+ * "poob": the second is the shard, or `PUBLISHERS_KEY` for the lock every
+ * publisher holds shared while it runs, which is how they count each other.
+ * Two-int keys are apart from the migrator's one-bigint key.
+ */
+export const OUTBOX_LOCK_CLASS = 0x706f6f62;
+const PUBLISHERS_KEY = OUTBOX_SHARDS;
+
+/** The shards a claim may take, and the session that must be holding their locks. */
+export interface ShardScope {
+  shards: number[];
+  /** `pg_backend_pid()` of the session holding the shards' locks. */
+  pid: number;
+}
 
 /** One pending event, as the publisher ships it. */
 export interface PendingEvent {
@@ -44,38 +74,43 @@ export interface ClaimedEvent extends PendingEvent {
 }
 
 /**
- * Locks up to `limit` pending (unpublished, not parked) events, oldest
- * first, skipping rows another process holds; returns those it may handle
- * now, ordered by (tenant, run, seq), of at most about `maxBytes` of
- * payload: the oldest event always, then no more than keeps the sum under
- * it (the rest stay locked by this transaction and come back next batch).
+ * Reads up to `limit` pending (unpublished, not parked) events of the runs
+ * of `scope`'s shards, oldest first, and returns those it may ship now,
+ * ordered by (tenant, run, seq), of at most about `maxBytes` of payload: the
+ * oldest event always, then no more than keeps the sum under it (the rest
+ * come back next batch). It takes no lock and leaves no transaction open:
+ * run it on the session holding the shards' locks (`scope.pid`; on any other
+ * session, one that reconnected and lost them, it returns nothing).
  *
- * Per-run order with several processes: a run's locked rows are returned
- * only when they are ALL of its pending rows up to the highest seq locked —
- * i.e. nobody else holds (or has yet to ship) an earlier or interleaved seq
- * of that run. Otherwise the whole run is left out of this batch (its rows
- * stay locked until the transaction ends, so the other holder is not raced;
- * they come back in a later batch). The check runs on the statement's
- * snapshot, where a row published concurrently still looks pending: that
- * only ever leaves a run out, never lets a later seq overtake an earlier one.
- * Ordering relies on counts rather than on event_id order, so it holds for
- * events of one run inserted out of id order too. Parked rows do not count
- * as pending; instead each row reports its run's parked seq, if any.
+ * Per-run order: a run's rows are returned only when they are ALL of its
+ * pending rows up to the highest seq read — so a batch cut by `limit` or by
+ * bytes never ships a later seq of a run without the earlier ones. The check
+ * runs on the statement's snapshot, where a row published concurrently
+ * still looks pending: that only ever leaves a run out, never lets a later
+ * seq overtake an earlier one. It relies on counts rather than on event_id
+ * order, so it holds for events of one run inserted out of id order too.
+ * Parked rows do not count as pending; instead each row reports its run's
+ * parked seq, if any.
  */
 export async function claimPendingEvents(
-  tx: TransactionSql,
+  sql: Db,
   limit: number,
   maxBytes: number,
+  scope: ShardScope,
 ): Promise<ClaimedEvent[]> {
-  return await tx<ClaimedEvent[]>`
+  return await sql<ClaimedEvent[]>`
     with locked as (
       select tenant_id, run_id, seq, event_id, type, goal_id, dispatch_key,
              payload::text as payload, at
         from work_events
        where published_at is null and parked_at is null
+         -- A filter of the scan, not an index condition: the pending index
+         -- is read in event_id order and rows of other shards are skipped.
+         and ${SHARD_OF(sql)} = any(${scope.shards}::int[])
+         -- A one-time filter: on a session that does not hold the locks, nothing.
+         and pg_backend_pid() = ${scope.pid}::int
        order by event_id
        limit ${limit}
-       for update skip locked
     ),
     -- The bytes bound: payload bytes before each row, in claim order.
     sized as (
@@ -121,13 +156,13 @@ export async function claimPendingEvents(
  * index), and the scan names its tenants, so with work_events partitioned
  * by tenant it reads only theirs. The join to the batch keeps each pair exact.
  */
-function BATCH_PROBE(tx: TransactionSql, tenants: string[], ids: string[]) {
+function BATCH_PROBE(tx: Db, tenants: string[], ids: string[]) {
   return tx`and w.event_id = any(${ids}::bigint[]) and w.tenant_id = any(${tenants}::text[])`;
 }
 
 /** Sets `published_at = now()` on these events (by tenant and event id); returns how many. */
 export async function markPublished(
-  tx: TransactionSql,
+  tx: Db,
   events: Pick<PendingEvent, "tenant_id" | "event_id">[],
 ): Promise<number> {
   if (events.length === 0) return 0;
@@ -155,7 +190,7 @@ export interface ParkedEvent {
  * `parked_reason`, which takes them out of the pending index for good (until
  * an operator clears `parked_at`). Returns how many were parked.
  */
-export async function parkEvents(tx: TransactionSql, events: ParkedEvent[]): Promise<number> {
+export async function parkEvents(tx: Db, events: ParkedEvent[]): Promise<number> {
   if (events.length === 0) return 0;
   const tenants = events.map((e) => e.tenant_id);
   const ids = events.map((e) => e.event_id);
@@ -227,4 +262,66 @@ export async function purgePublished(
                 -- 500 on a small table, the planner sorted a sequential scan.
                 limit (select ${limit}::int)) oldest)`;
   return result.count;
+}
+
+/** A work_events row's shard: every event of a run is in the same one. */
+function SHARD_OF(sql: Db) {
+  return sql`(hashtext(tenant_id || '/' || run_id::text) & ${OUTBOX_SHARDS - 1}::int)`;
+}
+
+/** This session and how many publishers hold the publishers' lock (this one or not). */
+export interface PublisherCount {
+  pid: number;
+  /** Sessions of this database holding the publishers' lock. */
+  publishers: number;
+  /** Whether this session is one of them (false: a new session, its locks gone). */
+  joined: boolean;
+}
+
+/**
+ * Counts the publisher processes by the shared lock each holds
+ * (`joinPublishers`), from `pg_locks`: a few times a minute per process, not
+ * per batch.
+ */
+export async function countPublishers(sql: Sql): Promise<PublisherCount> {
+  const [row] = await sql<PublisherCount[]>`
+    select pg_backend_pid() as pid, count(*)::int as publishers,
+           coalesce(bool_or(l.pid = pg_backend_pid()), false) as joined
+      from pg_locks l
+     where l.locktype = 'advisory' and l.granted
+       and l.database = (select oid from pg_database where datname = current_database())
+       and l.classid = ${OUTBOX_LOCK_CLASS}::int::oid and l.objid = ${PUBLISHERS_KEY}::int::oid
+       and l.objsubid = 2`;
+  return row;
+}
+
+/** Takes the publishers' lock, shared, for this session (once per session: it stacks). */
+export async function joinPublishers(sql: Sql): Promise<void> {
+  await sql`select pg_advisory_lock_shared(${OUTBOX_LOCK_CLASS}::int, ${PUBLISHERS_KEY}::int)`;
+}
+
+/**
+ * Tries the locks of `candidates` in order, without waiting, until `need`
+ * are taken; returns the shards taken. `candidates` must not hold one this
+ * session already has: a session lock taken twice needs two unlocks.
+ */
+export async function tryLockShards(
+  sql: Sql,
+  candidates: number[],
+  need: number,
+): Promise<number[]> {
+  if (need <= 0 || candidates.length === 0) return [];
+  // No ORDER BY: it would evaluate (and take) every row before the LIMIT.
+  const rows = await sql<{ shard: number }[]>`
+    select c.shard from unnest(${candidates}::int[]) as c(shard)
+     where pg_try_advisory_lock(${OUTBOX_LOCK_CLASS}::int, c.shard)
+     limit ${need}::int`;
+  return rows.map((r) => r.shard);
+}
+
+/** Releases these shards' locks held by this session. */
+export async function unlockShards(sql: Sql, shards: number[]): Promise<void> {
+  if (shards.length === 0) return;
+  await sql`
+    select pg_advisory_unlock(${OUTBOX_LOCK_CLASS}::int, s) from unnest(${shards}::int[]) as s`;
 }

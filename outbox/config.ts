@@ -17,7 +17,7 @@ export const outboxEnvSchema = z.object({
   ...databaseEnv,
   ...kafkaEnv,
   ...logEnv,
-  /** Most events claimed, published and marked in one transaction. */
+  /** Most events claimed, published and marked in one batch. */
   OUTBOX_BATCH_SIZE: positiveInt(500),
   /** Payload bytes one batch holds at most (its oldest event always goes); bounds the heap. */
   OUTBOX_BATCH_MAX_BYTES: positiveInt(16 * 1024 * 1024),
@@ -42,8 +42,9 @@ export const outboxEnvSchema = z.object({
   RUN_PURGE_BATCH_SIZE: z.coerce.number().int().min(1).max(10_000).default(500),
   /**
    * Longest one publish may take before it is abandoned (the producer is
-   * replaced and the batch rolled back): bounds how long a claim transaction
-   * stays open while the broker misbehaves.
+   * replaced; what was not acknowledged stays pending): bounds how long a
+   * batch keeps its runs while the broker misbehaves (no transaction is open
+   * meanwhile).
    */
   OUTBOX_SEND_TIMEOUT_MS: z.coerce.number().int().min(100).default(30 * SECOND),
   /** Cap of the retry backoff while Kafka or Postgres is unavailable. */

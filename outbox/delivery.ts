@@ -20,8 +20,8 @@
  * order. Other runs and other tenants are unaffected either way.
  *
  * It knows neither Kafka nor Postgres: it is written over a function that
- * sends records and a ledger that parks and marks (in the batch's
- * transaction), so bisecting and parking are tested with fakes
+ * sends records and a ledger that parks and marks (each call one short
+ * statement: no transaction spans the sends), so bisecting and parking are tested with fakes
  * (tests/outbox_delivery_test.ts).
  */
 import type { Logger } from "../core/log.ts";
@@ -36,7 +36,7 @@ import { toMessage } from "./event_message.ts";
  */
 export type SendRecords = (messages: ProduceMessage[]) => Promise<void>;
 
-/** Where a delivery records its outcome: the batch's transaction. */
+/** Where a delivery records its outcome: each call commits on its own. */
 export interface DeliveryLedger {
   /** Parks these events (they are never sent). */
   park(parked: Parked[]): Promise<unknown>;
@@ -44,7 +44,7 @@ export interface DeliveryLedger {
   markPublished(events: ClaimedEvent[]): Promise<unknown>;
 }
 
-/** An event parked in this batch, reported once the batch committed. */
+/** An event parked in this batch, reported once its park committed. */
 export interface Parked {
   event: PendingEvent;
   bytes: number | undefined;
@@ -187,7 +187,7 @@ export class BatchDelivery {
 
 /**
  * One log line per parked event, and `onParked` with their count; called
- * once their batch committed (a rolled-back park is no park).
+ * once their parks committed (a failed park is no park).
  */
 export function reportParked(
   parked: readonly Parked[],

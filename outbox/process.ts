@@ -36,9 +36,9 @@ import { selectTenants } from "../db/auth.ts";
 import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 
-// Bounded so a failing send gives the batch's transaction back within
-// seconds (the library's default for an idempotent producer is to retry
-// forever); the publisher's own loop retries with backoff after that.
+// Bounded so a failing send gives up within seconds (the library's default
+// for an idempotent producer is to retry forever); the publisher's own loop
+// retries with backoff after that.
 const PRODUCER_RETRIES = 5;
 
 const COMMAND = {
@@ -97,6 +97,13 @@ export async function main(args: string[]): Promise<number> {
         max: 1,
         applicationName: `poimen-outbox-listen ${id}`.slice(0, 63),
       }),
+    // Its own session: it holds the shard locks between statements, which
+    // a pooled connection shared with the purgers must not.
+    session: createPool({
+      url: cfg.DATABASE_URL,
+      max: 1,
+      applicationName: `poimen-outbox-shards ${id}`.slice(0, 63),
+    }),
   });
   const purger = new OutboxPurger(sql, {
     retentionMs: cfg.OUTBOX_RETENTION_MS,

@@ -1,23 +1,21 @@
 /**
  * The outbox publisher: ships `work_events` rows to `poimen.<tenant>.events`.
  *
- * One batch is one Postgres transaction: claim up to `batchSize` pending
- * rows with `FOR UPDATE SKIP LOCKED` (see `claimPendingEvents` for per-run
- * order across processes), publish them with the idempotent producer, mark
- * them published after the broker acknowledged them, commit. Holding the
- * row locks while publishing is what keeps two publisher processes from
- * shipping one row twice; it is cheap because a batch is small (≤ 500 rows
- * by default) and a publish is bounded by `sendTimeoutMs`. A lease column
- * would survive a crashed process without relying on the transaction, but a
- * crashed process' transaction is rolled back by Postgres anyway, and a
- * lease would need its own reclaim path.
+ * A batch: read up to `batchSize` pending rows of the shards this process
+ * holds (`ShardLocks`, outbox/shard_locks.ts: several publisher processes
+ * split the runs between them by session advisory locks), publish them with
+ * the idempotent producer, mark them published once the broker acknowledged
+ * them. Each statement is its own short transaction: none is open while the
+ * publisher waits on Kafka (up to `sendTimeoutMs` per send during an
+ * outage), so vacuum of `work_events` and `runs` is never held back by it.
  *
  * Delivery is at least once: if Postgres fails after the broker acknowledged
- * a batch, the rows stay pending and are shipped again; consumers dedupe by
- * `(run_id, seq)`. Within a run, order is never broken: a run's events are
- * sent in seq order in one produce request (one key → one partition, and the
- * idempotent producer keeps order across its retries), and a later batch is
- * only sent after the earlier one was acknowledged.
+ * a send, its rows stay pending and are shipped again; consumers dedupe by
+ * `(run_id, seq)`. Within a run, order is never broken: a run belongs to one
+ * shard, so to one process at a time; its events are sent in seq order in one
+ * produce request (one key → one partition, and the idempotent producer keeps
+ * order across its retries), and a later send is only made after the earlier
+ * one was acknowledged and marked.
  *
  * What cannot go is parked, and the batch goes on: see `BatchDelivery`
  * (outbox/delivery.ts), which sends, bisects and parks; the Kafka side
@@ -40,6 +38,7 @@ import { DEFAULT_MAX_MESSAGE_BYTES, type TenantTopicOptions } from "../kafka/top
 import { BatchDelivery, reportParked } from "./delivery.ts";
 import { KafkaSender, type OutboxKafka } from "./kafka_sender.ts";
 import type { OutboxHooks } from "./metrics.ts";
+import { ShardLocks } from "./shard_locks.ts";
 
 export type { OutboxKafka } from "./kafka_sender.ts";
 
@@ -70,7 +69,16 @@ export interface OutboxPublisherOptions {
    * meanwhile. Without it the publisher only polls.
    */
   listener?: () => Sql;
+  /**
+   * A pool of one connection for the publisher's own session, which holds
+   * its shard locks and runs its claims (and nothing else): see `ShardLocks`.
+   */
+  session: Sql;
+  /** How often the shards are shared out again among the publishers; 2 s when not said. */
+  rebalanceMs?: number;
 }
+
+const DEFAULT_REBALANCE_MS = 2000;
 
 const RETRY_BASE_MS = 200;
 
@@ -98,9 +106,15 @@ export class OutboxPublisher implements Service {
   /** The wait between batches; a notification ends it. */
   readonly #sleep = new WakeableSleep(this.#abort.signal);
   readonly #listener: Listener | undefined;
+  readonly #shards: ShardLocks;
 
   constructor(sql: Sql, kafka: OutboxKafka, opts: OutboxPublisherOptions) {
     this.#sql = sql;
+    this.#shards = new ShardLocks({
+      session: opts.session,
+      rebalanceMs: opts.rebalanceMs ?? DEFAULT_REBALANCE_MS,
+      log: opts.log,
+    });
     this.#sender = new KafkaSender(kafka, {
       sendTimeoutMs: opts.sendTimeoutMs,
       topics: opts.topics,
@@ -137,8 +151,9 @@ export class OutboxPublisher implements Service {
   }
 
   /**
-   * Lets the batch in flight finish (abandoning it, rolled back, after
-   * `shutdownMs`), then closes the producer and the admin. Safe to call twice.
+   * Lets the batch in flight finish (abandoning it after `shutdownMs`: what
+   * was not acknowledged stays pending), then closes the producer, the admin
+   * and the lock session. Safe to call twice.
    */
   readonly stop: () => Promise<void> = once(async () => {
     this.#abort.abort();
@@ -148,11 +163,13 @@ export class OutboxPublisher implements Service {
       this.#log.warn("batch in flight did not finish in time, abandoning it", {
         shutdown_ms: this.#opts.shutdownMs,
       });
-      // Ends the pending send; its transaction rolls back and the rows stay pending.
+      // Ends the pending send; its rows stay pending.
       await this.#sender.dropProducer();
     }
     await this.#shipping;
     await this.#sender.close();
+    // Frees the shards for the other publishers at once.
+    await this.#shards.close();
   });
 
   async #shipLoop(): Promise<void> {
@@ -181,52 +198,51 @@ export class OutboxPublisher implements Service {
     }
   }
 
-  /** Ships one batch: whether it was full, and whether anything was published. */
+  /**
+   * Ships one batch: whether it was full, and whether anything was published.
+   * No transaction spans it: the claim, each park and each mark is one
+   * statement, so an outage of Kafka holds no snapshot and no row lock.
+   */
   async #shipBatch(): Promise<{ full: boolean; published: boolean }> {
-    let failure: unknown;
-    let delivery: BatchDelivery | undefined;
-    const full = await this.#inPhase("database", () =>
-      this.#sql.begin(async (tx) => {
-        const events = await claimPendingEvents(
-          tx,
-          this.#opts.batchSize,
-          this.#opts.batchMaxBytes ?? DEFAULT_BATCH_MAX_BYTES,
-        );
-        if (events.length === 0) return false;
-        delivery = new BatchDelivery({
-          send: (messages) => this.#inPhase("kafka", () => this.#sender.send(messages)),
-          ledger: {
-            park: (list) =>
-              this.#inPhase("database", () =>
-                parkEvents(
-                  tx,
-                  list.map((p) => ({
-                    tenant_id: p.event.tenant_id,
-                    event_id: p.event.event_id,
-                    reason: p.reason,
-                  })),
-                )),
-            markPublished: (list) => markPublished(tx, list),
-          },
-          maxBytes: this.#maxBytes,
-        });
-        try {
-          const shippable = await this.#inPhase("kafka", () => this.#sender.ensureTopics(events));
-          await delivery.deliver(shippable);
-        } catch (error) {
-          // Kafka failed: commit what was acknowledged (and parked), then
-          // report. A database error instead rolls the whole batch back
-          // (what was sent goes again: at least once).
-          if (!(error instanceof PhaseError && error.phase === "kafka")) throw error;
-          failure = error;
-        }
-        this.#log.debug("batch shipped", { events: events.length, published: delivery.published });
-        return events[0].more;
-      }));
-    // Reached only when the transaction committed: a rolled-back park is no park.
-    reportParked(delivery?.parked ?? [], this.#log, (n) => this.#opts.hooks?.onParked?.(n));
-    if (failure !== undefined) throw failure;
-    return { full, published: delivery?.published ?? false };
+    const scope = await this.#inPhase("database", () => this.#shards.scope());
+    if (scope.shards.length === 0) return { full: false, published: false };
+    const events = await this.#inPhase("database", () =>
+      claimPendingEvents(
+        this.#shards.session,
+        this.#opts.batchSize,
+        this.#opts.batchMaxBytes ?? DEFAULT_BATCH_MAX_BYTES,
+        scope,
+      ));
+    if (events.length === 0) return { full: false, published: false };
+    const delivery = new BatchDelivery({
+      send: (messages) => this.#inPhase("kafka", () => this.#sender.send(messages)),
+      ledger: {
+        park: (list) =>
+          this.#inPhase("database", () =>
+            parkEvents(
+              this.#sql,
+              list.map((p) => ({
+                tenant_id: p.event.tenant_id,
+                event_id: p.event.event_id,
+                reason: p.reason,
+              })),
+            )),
+        markPublished: (list) => this.#inPhase("database", () => markPublished(this.#sql, list)),
+      },
+      maxBytes: this.#maxBytes,
+    });
+    try {
+      const shippable = await this.#inPhase("kafka", () => this.#sender.ensureTopics(events));
+      // A failure (Kafka's or Postgres') leaves what was acknowledged and
+      // marked, and what was parked, as it is: the rest stays pending and
+      // goes again (at least once).
+      await delivery.deliver(shippable);
+    } finally {
+      // Each park committed on its own: reported whatever happened after it.
+      reportParked(delivery.parked, this.#log, (n) => this.#opts.hooks?.onParked?.(n));
+    }
+    this.#log.debug("batch shipped", { events: events.length, published: delivery.published });
+    return { full: events[0].more, published: delivery.published };
   }
 
   async #inPhase<T>(phase: Phase, fn: () => Promise<T>): Promise<T> {

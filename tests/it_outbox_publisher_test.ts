@@ -12,9 +12,16 @@ import { startBroker } from "../dev/kafka.ts";
 import { Admission } from "../admission/admit.ts";
 import { catalogOf } from "./support/catalog.ts";
 import { insertTenant } from "../db/auth.ts";
-import type { Sql } from "../db/pool.ts";
-import { claimPendingEvents, markPublished, type PendingEvent } from "../db/outbox.ts";
+import { createPool, type ReservedSql, type Sql } from "../db/pool.ts";
+import {
+  claimPendingEvents,
+  markPublished,
+  OUTBOX_SHARDS,
+  type PendingEvent,
+  type ShardScope,
+} from "../db/outbox.ts";
 import { OutboxPublisher } from "../outbox/publisher.ts";
+import { ShardLocks } from "../outbox/shard_locks.ts";
 import { silentLogger } from "../core/log.ts";
 import { SECOND } from "../core/time.ts";
 import { type ConsumedMessage, type KafkaConsumer } from "../kafka/consumer.ts";
@@ -221,35 +228,84 @@ Deno.test({
   },
 });
 
-Deno.test("outbox_publisher: a run is left out of a batch while another claim holds an earlier seq", async () => {
+/**
+ * One connection of the pool, pinned, and a scope of every shard naming its
+ * session: what a publisher holding all the shards claims with.
+ */
+async function pinned(sql: Sql): Promise<{ conn: ReservedSql; scope: ShardScope }> {
+  const conn = await sql.reserve();
+  const [{ pid }] = await conn<{ pid: number }[]>`select pg_backend_pid() as pid`;
+  const shards = Array.from({ length: OUTBOX_SHARDS }, (_, i) => i);
+  return { conn, scope: { shards, pid } };
+}
+
+Deno.test("outbox_publisher: a batch cut by its limit never ships a later seq of a run without the earlier ones", async () => {
   const db = await freshDatabase();
   const tenant = newTenant();
+  const { conn, scope } = await pinned(db.sql);
   try {
     await insertTenant(db.sql, tenant);
     const [held, free] = await admitRuns(db.sql, tenant, 2);
-    await appendEvents(db.sql, tenant, [held], 2, 4);
-    await db.sql.begin(async (a) => {
-      // Process A: the oldest event only, i.e. seq 1 of `held`.
-      const first = await claimPendingEvents(a, 1, 1 << 20);
-      assert.deepEqual(first.map((e) => [e.run_id, e.seq]), [[held, 1]]);
-      // Process B, meanwhile: seq 2-4 of `held` must wait for seq 1; `free` may go.
-      await db.sql.begin(async (b) => {
-        const got = await claimPendingEvents(b, 100, 1 << 20);
-        assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[free, 1]]);
-        await markPublished(b, got);
-      });
-      await markPublished(a, first);
-    });
-    // Once seq 1 is published, the rest of the run is shippable, in order.
-    await db.sql.begin(async (b) => {
-      const got = await claimPendingEvents(b, 100, 1 << 20);
-      assert.deepEqual(got.map((e) => [e.run_id, e.seq]), [[held, 2], [held, 3], [held, 4]]);
-      // And a third claim, while these are held, gets nothing of that run.
-      await db.sql.begin(async (c) => {
-        assert.equal((await claimPendingEvents(c, 100, 1 << 20)).length, 0);
-      });
+    // Seq 3 written before seq 2: event ids out of seq order.
+    await appendEvents(db.sql, tenant, [held], 3, 3);
+    await appendEvents(db.sql, tenant, [held], 2, 2);
+    // The three oldest rows hold seq 1 and 3 of `held`, not seq 2: `held` waits.
+    const first = await claimPendingEvents(conn, 3, 1 << 20, scope);
+    assert.deepEqual(first.map((e) => [e.run_id, e.seq]), [[free, 1]]);
+    await markPublished(conn, first);
+    const next = await claimPendingEvents(conn, 100, 1 << 20, scope);
+    assert.deepEqual(next.map((e) => [e.run_id, e.seq]), [[held, 1], [held, 2], [held, 3]]);
+    // Read on another session than the one holding the shards' locks: nothing.
+    await db.sql.begin(async (other) => {
+      assert.equal((await claimPendingEvents(other, 100, 1 << 20, scope)).length, 0);
     });
   } finally {
+    conn.release();
+    await db.drop();
+  }
+});
+
+Deno.test("outbox_publisher: publishers split the shards by session locks, claim only their own runs, and take a stopped one's shards", async () => {
+  const db = await freshDatabase();
+  const tenant = newTenant();
+  const locks = ["a", "b"].map((name) =>
+    new ShardLocks({
+      session: createPool({ url: db.url, max: 1, applicationName: `poimen-test-shards-${name}` }),
+      rebalanceMs: 0,
+      log: silentLogger,
+    })
+  );
+  try {
+    await insertTenant(db.sql, tenant);
+    const runIds = await admitRuns(db.sql, tenant, 40);
+    const [a, b] = locks;
+    // A alone takes every shard; once B joins, A gives half back and B takes them.
+    assert.equal((await a.scope()).shards.length, OUTBOX_SHARDS);
+    assert.equal((await b.scope()).shards.length, 0, "all taken: B waits for A to give back");
+    assert.equal((await a.scope()).shards.length, OUTBOX_SHARDS / 2);
+    const [sa, sb] = [await a.scope(), await b.scope()];
+    assert.equal(sb.shards.length, OUTBOX_SHARDS / 2);
+    assert.deepEqual(
+      [...sa.shards, ...sb.shards].sort((x, y) => x - y),
+      Array.from({ length: OUTBOX_SHARDS }, (_, i) => i),
+    );
+    // Each claims only the runs of its shards: together every run, once.
+    const got = [
+      await claimPendingEvents(a.session, 500, 1 << 20, sa),
+      await claimPendingEvents(b.session, 500, 1 << 20, sb),
+    ].map((batch) => batch.map((e) => e.run_id));
+    assert.ok(got[0].length > 0 && got[1].length > 0, `split ${got[0].length}/${got[1].length}`);
+    assert.equal(new Set([...got[0], ...got[1]]).size, 40);
+    assert.equal(got[0].length + got[1].length, runIds.length);
+    // B's scope read on A's session (not the one holding B's locks): nothing.
+    assert.equal((await claimPendingEvents(a.session, 500, 1 << 20, sb)).length, 0);
+    // B stops: its session's locks go with it, and A takes every shard again.
+    await b.close();
+    assert.equal((await a.scope()).shards.length, OUTBOX_SHARDS);
+    const all = await claimPendingEvents(a.session, 500, 1 << 20, await a.scope());
+    assert.equal(all.length, 40);
+  } finally {
+    for (const l of locks) await l.close();
     await db.drop();
   }
 });
@@ -273,13 +329,11 @@ Deno.test("outbox_publisher: a batch holds at most maxBytes of payload, the olde
        where tenant_id = ${tenant} and seq = 2 limit 1`;
     const batches: string[][] = [];
     const more: boolean[] = [];
+    const { conn, scope } = await pinned(db.sql);
     for (;;) {
-      const got = await db.sql.begin(async (tx) => {
-        // Room for two and a half payloads: two go.
-        const batch = await claimPendingEvents(tx, 100, Math.floor(len * 2.5));
-        await markPublished(tx, batch);
-        return batch;
-      });
+      // Room for two and a half payloads: two go.
+      const got = await claimPendingEvents(conn, 100, Math.floor(len * 2.5), scope);
+      await markPublished(conn, got);
       if (got.length === 0) break;
       for (const e of got) assert.equal(e.payload.length, len, "the payload text as stored");
       more.push(got[0].more);
@@ -292,11 +346,10 @@ Deno.test("outbox_publisher: a batch holds at most maxBytes of payload, the olde
       insert into work_events (tenant_id, run_id, seq, type, payload)
       values (${tenant}, ${runs[0]}, 3, 'run.step', '{"big": true}'),
              (${tenant}, ${runs[1]}, 3, 'run.step', '{"big": true}')`;
-    await db.sql.begin(async (tx) => {
-      const alone = await claimPendingEvents(tx, 100, 1);
-      assert.deepEqual(alone.map((e) => [e.run_id, e.seq]), [[runs[0], 3]]);
-      assert.equal(alone[0].more, true, "the other was left for the next batch");
-    });
+    const alone = await claimPendingEvents(conn, 100, 1, scope);
+    assert.deepEqual(alone.map((e) => [e.run_id, e.seq]), [[runs[0], 3]]);
+    assert.equal(alone[0].more, true, "the other was left for the next batch");
+    conn.release();
   } finally {
     await db.drop();
   }
@@ -351,9 +404,29 @@ Deno.test({
   },
 });
 
+/** The outbox's sessions of this database in a transaction or holding a snapshot, as text. */
+async function openOutboxTransactions(sql: Sql): Promise<string[]> {
+  const rows = await sql<{ line: string }[]>`
+    select application_name || ' ' || state || ' xid=' || coalesce(backend_xid::text, '-') ||
+           ' xmin=' || coalesce(backend_xmin::text, '-') || ': ' || query as line
+      from pg_stat_activity
+     where datname = current_database() and application_name like 'poimen-outbox%'
+       and (state like 'idle in transaction%'
+            -- A statement running holds a snapshot for its length: not one a second old.
+            or xact_start < now() - interval '1 second')`;
+  return rows.map((r) => r.line);
+}
+
+async function outboxSessions(sql: Sql): Promise<number> {
+  const [row] = await sql<{ n: number }[]>`
+    select count(*)::int as n from pg_stat_activity
+     where datname = current_database() and application_name like 'poimen-outbox%'`;
+  return row.n;
+}
+
 Deno.test({
   name:
-    "outbox_publisher: broker down, events wait in postgres and are all shipped when it returns",
+    "outbox_publisher: broker down, events wait in postgres with no outbox transaction open, and are all shipped when it returns",
   ...KAFKA_TEST,
   async fn() {
     // A broker of this test's own, so taking it down disturbs nothing else.
@@ -385,6 +458,21 @@ Deno.test({
         assert.equal(await pendingCount(db.sql, tenant), 60);
         const waiting = (await events(db.sql, tenant)).filter((r) => after.includes(r.run_id));
         assert.ok(waiting.every((r) => r.published_at === null));
+        // While its sends fail and time out, the outbox holds no transaction
+        // open (one would hold back vacuum of work_events and runs): sampled
+        // over 3 s of the outage, none of its sessions sits in one.
+        let samples = 0;
+        const deadline = Date.now() + 3 * SECOND;
+        while (Date.now() < deadline) {
+          const open = await openOutboxTransactions(db.sql);
+          assert.deepEqual(open, [], "an outbox transaction open during the outage");
+          samples++;
+        }
+        assert.ok(samples > 20, `only ${samples} samples`);
+        assert.ok(
+          (await outboxSessions(db.sql)) >= 2,
+          "the outbox's pool and its lock session are connected",
+        );
       } finally {
         await broker.start();
       }
@@ -496,6 +584,7 @@ Deno.test({
       shutdownMs: 5000,
       topics: { partitions: 1, replicationFactor: 1, retentionMs: 60_000 },
       log: silentLogger,
+      session: createPool({ url: db.url, max: 1, applicationName: "poimen-test-outbox" }),
     });
     try {
       await insertTenant(db.sql, tenant);
@@ -711,6 +800,7 @@ Deno.test({
       topics: { partitions: 1, replicationFactor: 1, retentionMs: 60_000, maxMessageBytes: 8192 },
       log: silentLogger,
       hooks: { onPublished() {}, onParked: (n) => parkedCounts.push(n) },
+      session: createPool({ url: db.url, max: 1, applicationName: "poimen-test-outbox" }),
     });
     try {
       await insertTenant(db.sql, tenant);

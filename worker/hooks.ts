@@ -1,5 +1,6 @@
 /** What a `Worker` reports as it goes (worker/metrics.ts turns it into metrics). */
 import type { ReclaimedRun } from "../db/leases.ts";
+import type { SlotCorrection } from "../db/slot_reconcile.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =
@@ -25,4 +26,6 @@ export interface WorkerHooks {
   onFenced?(statement: FencedStatement): void;
   /** A heartbeat did not answer within its timeout (the lease is unconfirmed). */
   onHeartbeatTimeout?(): void;
+  /** The slot reconciler corrected a concurrency group's drifted counts. */
+  onSlotCorrected?(correction: SlotCorrection): void;
 }

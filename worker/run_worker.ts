@@ -39,6 +39,7 @@ import type { Workflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { defaultWorkerId, readWorkerConfig } from "./config.ts";
 import { createWorkerMetrics } from "./metrics.ts";
+import { slotCorrectionMetric } from "./slot_reconciler.ts";
 import { Worker } from "./worker.ts";
 
 export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
@@ -115,7 +116,7 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     shutdownMs: cfg.WORKER_SHUTDOWN_MS,
     resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
     log,
-    hooks: metrics.hooks,
+    hooks: { ...metrics.hooks, onSlotCorrected: slotCorrectionMetric(metricsRegistry) },
     listener,
   });
   return await runProcess([

@@ -47,6 +47,7 @@ import { Finisher } from "./finish.ts";
 import { heartbeatLoop } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
+import { SlotReconciler } from "./slot_reconciler.ts";
 import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 
@@ -69,6 +70,10 @@ export interface WorkerOptions {
   shutdownMs: number;
   /** How often expired leases are looked for; by default from the lease and poll interval. */
   reclaimMs?: number;
+  /** Mean time between two rounds of the slot reconciler; 30 s by default, 0: off. */
+  slotReconcileMs?: number;
+  /** Concurrency groups the slot reconciler checks per round; 100 by default. */
+  slotReconcileGroups?: number;
   /**
    * Largest result (and error) of a run, as JSON bytes (RUN_RESULT_MAX_BYTES);
    * a larger result fails the attempt with `result-too-large`.
@@ -109,6 +114,7 @@ export class Worker implements Service {
   readonly #eventsWritten: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
   readonly #reclaimer: Reclaimer;
+  readonly #slotReconciler: SlotReconciler | undefined;
   readonly #listener: Listener;
   readonly #finisher: Finisher;
   readonly #presence: WorkerPresence;
@@ -123,6 +129,8 @@ export class Worker implements Service {
       // lease; every worker reclaims, so the fleet looks more often still.
       reclaimMs: Math.max(opts.pollMs, Math.min(opts.leaseMs / 2, 5 * SECOND)),
       resultMaxBytes: DEFAULT_RUN_RESULT_MAX_BYTES,
+      slotReconcileMs: 30 * SECOND,
+      slotReconcileGroups: 100,
       hooks: {},
       ...opts,
     };
@@ -178,6 +186,16 @@ export class Worker implements Service {
         }
       },
     });
+    // A maintenance task like the reclaimer, registered beside it: once
+    // maintenance runs on an elected leader, it moves there with the others.
+    this.#slotReconciler = this.#opts.slotReconcileMs > 0
+      ? new SlotReconciler(sql, {
+        intervalMs: this.#opts.slotReconcileMs,
+        groupsPerRound: this.#opts.slotReconcileGroups,
+        log: this.#log,
+        onCorrected: (c) => this.#opts.hooks.onSlotCorrected?.(c),
+      })
+      : undefined;
   }
 
   /** This worker's lease owner id. */
@@ -231,6 +249,7 @@ export class Worker implements Service {
       },
     }));
     await this.#reclaimer.start();
+    await this.#slotReconciler?.start();
     this.#log.info("worker started", {
       workflows: this.#registry.list(),
       concurrency,
@@ -251,7 +270,11 @@ export class Worker implements Service {
     this.#stopping.abort();
     for (const t of this.#timers) clearTimeout(t);
     this.#timers.clear();
-    await Promise.all([...this.#loops, this.#reclaimer.stop()]);
+    await Promise.all([
+      ...this.#loops,
+      this.#reclaimer.stop(),
+      this.#slotReconciler?.stop(),
+    ]);
     await this.#listener.stop();
     if (this.#inFlight.size > 0) {
       this.#log.info("waiting for runs in flight", { runs: this.#inFlight.size });

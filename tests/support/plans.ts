@@ -18,6 +18,7 @@ import { selectUnhostedQueues } from "../../db/catalog.ts";
 import {
   claimPendingEvents,
   markPublished,
+  OUTBOX_SHARDS,
   outboxStats,
   parkEvents,
   purgePublished,
@@ -29,6 +30,7 @@ import {
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
+import { correctSlot } from "../../db/slot_reconcile.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
 import {
   selectLimitedWorkflowStats,
@@ -210,6 +212,21 @@ export function hotStatements(s: Sample): HotStatement[] {
       indexes: { runs: ["runs_running_tenant_idx"] },
     },
     {
+      // The slot reconciler's count of one group: its queued runs are one
+      // range of the group's index, its running ones one of the tenant's.
+      name: "maintenance: correctSlot",
+      call: (sql) =>
+        correctSlot(sql as unknown as postgres.TransactionSql, {
+          tenant_id: s.tenant,
+          workflow_name: "keyed",
+          concurrency_key: "k0",
+        }),
+      indexes: {
+        runs: ["runs_queued_key_idx", "runs_running_tenant_idx"],
+        concurrency_slots: ["concurrency_slots_pkey"],
+      },
+    },
+    {
       name: "queue: queueCounts",
       call: (sql) => queueCounts(sql),
       indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
@@ -268,7 +285,12 @@ export function hotStatements(s: Sample): HotStatement[] {
     },
     {
       name: "outbox: claimPendingEvents",
-      call: (sql) => claimPendingEvents(sql as unknown as postgres.TransactionSql, 500, 16 << 20),
+      // Every shard; the session named matters not to the plan.
+      call: (sql) =>
+        claimPendingEvents(sql, 500, 16 << 20, {
+          shards: Array.from({ length: OUTBOX_SHARDS }, (_, i) => i),
+          pid: 0,
+        }),
       // runs by primary key: each event's run's traceparent.
       indexes: {
         work_events: ["work_events_pending_idx", "work_events_pkey"],
