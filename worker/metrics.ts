@@ -55,14 +55,20 @@ export function createWorkerMetrics(
   const fenced = new client.Counter({
     name: "poimen_worker_fenced_total",
     help:
-      "Heartbeats and finishing writes refused because their attempt no longer held the lease, by statement: heartbeat, complete, fail, release",
+      "Lease renewals (per run) and finishing writes refused because their attempt no longer held the lease, by statement: heartbeat, complete, fail, release",
     labelNames: ["statement"] as const,
     registers,
   });
   const heartbeatTimeouts = new client.Counter({
     name: "poimen_worker_heartbeat_timeouts_total",
     help:
-      "Heartbeats that did not answer in time and were cancelled (the lease was left unconfirmed)",
+      "Lease renewals that did not answer in time and were cancelled (the leases were left unconfirmed)",
+    registers,
+  });
+  const renewals = new client.Counter({
+    name: "poimen_worker_lease_renewals_total",
+    help:
+      "Lease renewals that answered: one statement each, renewing every run this worker held then",
     registers,
   });
   new client.Gauge({
@@ -150,6 +156,7 @@ export function createWorkerMetrics(
     },
     onFenced: (statement) => fenced.inc({ statement }),
     onHeartbeatTimeout: () => heartbeatTimeouts.inc(),
+    onLeasesRenewed: () => renewals.inc(),
   };
   return { registry, hooks };
 }

@@ -1,15 +1,17 @@
 /**
  * The executor. A `Worker` claims due queued runs from Postgres (woken by
  * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
- * at once, keeps their leases alive with heartbeats, and finishes each one:
+ * at once, keeps their leases alive (one renewal for all), and finishes each one:
  * `succeeded`, retried with backoff, or `failed` after its last attempt.
  * A run whose handler returned gives its slot to the next claim while its
  * outcome is written (completions of runs that end together share one
  * statement), so claiming overlaps those writes; at most `concurrency` more
  * runs wait for such a write before claiming stops.
+ * Its `LeaseRenewer` renews the leases of all its runs in one statement
+ * every third of a lease (worker/heartbeat.ts).
  * A cancel requested of a running run (POST /v1/runs/{id}/cancel) reaches
- * the worker through its heartbeat, which reads the request from the row
- * (a NOTIFY on `poimen_cancel` only makes it beat at once): the handler's
+ * the worker through that renewal, which reads the request from the row
+ * (a NOTIFY on `poimen_cancel` only makes it renew at once): the handler's
  * `ctx.signal` is aborted, and when the handler then fails (throws, as a
  * handler that honours the signal does), the run ends `cancelled`, written
  * like any attempt's end, fenced by attempt. A handler that ignores the
@@ -44,7 +46,7 @@ import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { type Attempt, type AttemptResult, newAttempt, runHandler } from "./attempt.ts";
 import { claimLoop } from "./claim_loop.ts";
 import { Finisher } from "./finish.ts";
-import { heartbeatLoop } from "./heartbeat.ts";
+import { LeaseRenewer } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
 import { WorkerPresence } from "./presence.ts";
@@ -112,6 +114,7 @@ export class Worker implements Service {
   readonly #listener: Listener;
   readonly #finisher: Finisher;
   readonly #presence: WorkerPresence;
+  readonly #renewer: LeaseRenewer;
   #started = false;
 
   constructor(sql: Sql, registry: WorkflowRegistry, opts: WorkerOptions) {
@@ -157,14 +160,23 @@ export class Worker implements Service {
       ...(opts.listener ? { connect: opts.listener } : { pool: sql }),
       channels: {
         [QUEUE_CHANNEL]: wake,
-        // A cancel notification (`<tenant>/<run_id>`): that run's heartbeat looks now.
-        [CANCEL_CHANNEL]: (key) => this.#inFlight.get(key)?.nudge.abort(),
+        // A cancel notification (`<tenant>/<run_id>`) of a run it holds: renew now.
+        [CANCEL_CHANNEL]: (key) => {
+          if (this.#inFlight.has(key)) this.#renewer.nudge();
+        },
       },
       // NOTIFYs sent while the listener was down are lost: claim once then.
       onListen: wake,
       log: this.#log,
     });
     this.#presence = new WorkerPresence(sql, opts.id, registry, this.#log);
+    this.#renewer = new LeaseRenewer({
+      sql,
+      owner: opts.id,
+      leaseMs: this.#opts.leaseMs,
+      hooks: this.#opts.hooks,
+      log: this.#log,
+    });
     this.#reclaimer = new Reclaimer(sql, {
       intervalMs: this.#opts.reclaimMs,
       log: this.#log,
@@ -208,6 +220,7 @@ export class Worker implements Service {
     // Waiting for the first LISTEN means a NOTIFY sent after start() returns
     // is not missed; if Postgres is down, polling carries on meanwhile.
     await this.#listener.start();
+    await this.#renewer.start();
     const { id, concurrency, leaseMs, pollMs } = this.#opts;
     const hosted = this.#registry.hostedByLimit();
     this.#loops.push(claimLoop({
@@ -261,6 +274,7 @@ export class Worker implements Service {
       timeout.abort();
     }
     await this.#finisher.releaseUnfinished([...this.#inFlight.values()]);
+    await this.#renewer.stop();
     await this.#presence.stop();
   });
 
@@ -281,6 +295,7 @@ export class Worker implements Service {
     // database's own expiry, so this worker gives up no later than it must.
     const attempt = newAttempt(run, claimedAt, this.#opts.leaseMs, this.#log);
     this.#inFlight.set(attempt.key, attempt);
+    this.#renewer.add(attempt);
     this.#handlers++;
     attempt.finished = this.#runOne(attempt)
       .catch((err) => {
@@ -293,6 +308,7 @@ export class Worker implements Service {
       .finally(() => {
         this.#settle(attempt);
         attempt.done.abort();
+        this.#renewer.remove(attempt);
         this.#inFlight.delete(attempt.key);
         this.#sleep.wake();
       });
@@ -310,11 +326,10 @@ export class Worker implements Service {
     this.#sleep.wake();
   }
 
-  /** Executes one claimed attempt: heartbeat beside the handler, then the finishing write. */
+  /** Executes one claimed attempt (its lease renewed meanwhile), then the finishing write. */
   async #runOne(attempt: Attempt): Promise<void> {
     const { run } = attempt;
-    const { id, leaseMs, hooks } = this.#opts;
-    const beat = heartbeatLoop(attempt, { sql: this.#sql, owner: id, leaseMs, hooks });
+    const { id } = this.#opts;
     try {
       attempt.log.debug("run started", {
         workflow: `${run.workflow_name}@${run.workflow_version}`,
@@ -328,7 +343,7 @@ export class Worker implements Service {
       await this.#finisher.finish(attempt, outcome);
     } finally {
       attempt.done.abort();
-      await beat;
+      this.#renewer.remove(attempt);
     }
   }
 }
