@@ -338,6 +338,52 @@ Deno.test("worker: its reclaimer returns a run whose lease expired to the queue 
   }
 });
 
+Deno.test("worker: of two workers one is the leader and reclaims; when it stops the other takes over and reclaims", async () => {
+  const { db, admit } = await setup();
+  const reclaimedBy: Record<string, string[]> = {};
+  const make = (name: string) =>
+    worker(db.sql, {
+      id: name,
+      leaseMs: 600,
+      leaderRetryMs: 100,
+      reclaimMs: 50,
+      hooks: {
+        onReclaimed: (runs) => (reclaimedBy[name] ??= []).push(...runs.map((r) => r.run_id)),
+      },
+    });
+  const a = make("w-a"), b = make("w-b");
+  try {
+    await a.start();
+    await b.start();
+    await waitFor("a leader", () => a.isLeader || b.isLeader, 10_000);
+    assert.equal(Number(a.isLeader) + Number(b.isLeader), 1);
+    const [leader, other] = a.isLeader ? [a, b] : [b, a];
+    // A run claimed by a worker that vanished: its lease ran out at once.
+    const first = await admit("sleep", { ms: 600_000 });
+    await waitFor("first running", statusIs(db.sql, first, "running"), 10_000);
+    const runs = await db.sql`update runs set lease_owner = 'vanished', lease_expires_at = now()
+                               where tenant_id = ${TENANT} and run_id = ${first} returning 1`;
+    assert.equal(runs.length, 1);
+    await waitFor("the leader reclaimed it", () => reclaimedBy[leader.id]?.includes(first), 10_000);
+    assert.equal(reclaimedBy[other.id], undefined, "only the leader reclaims");
+
+    await leader.stop();
+    await waitFor("the other leads", () => other.isLeader, 10_000);
+    const second = await admit("sleep", { ms: 600_000 });
+    await waitFor("second running", async () => {
+      const row = await runRow(db.sql, second);
+      return row.status === "running" && row.attempts >= 1;
+    }, 10_000);
+    await db.sql`update runs set lease_owner = 'vanished', lease_expires_at = now()
+                  where tenant_id = ${TENANT} and run_id = ${second}`;
+    await waitFor("the new leader reclaimed it", () => reclaimedBy[other.id]?.includes(second));
+  } finally {
+    await a.stop();
+    await b.stop();
+    await db.drop();
+  }
+});
+
 Deno.test("worker: a failing run is retried with backoff, then failed after max_attempts, with an event per step", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];

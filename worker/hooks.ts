@@ -25,6 +25,8 @@ export interface WorkerHooks {
   onFenced?(statement: FencedStatement): void;
   /** A lease renewal did not answer within its timeout (the leases are unconfirmed). */
   onHeartbeatTimeout?(): void;
+  /** This worker became the fleet's leader (true) or stopped being it (false). */
+  onLeader?(leader: boolean): void;
   /** A lease renewal answered: one statement, renewing `runs` runs' leases. */
   onLeasesRenewed?(runs: number): void;
 }

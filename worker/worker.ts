@@ -16,8 +16,10 @@
  * handler that honours the signal does), the run ends `cancelled`, written
  * like any attempt's end, fenced by attempt. A handler that ignores the
  * signal and returns a result has done the work: the run succeeds.
- * Beside it runs its `Reclaimer` (worker/reclaimer.ts), which returns runs
- * whose lease expired (their worker died) to the queue, so a worker killed
+ * The workers elect a leader (core/leader.ts), which runs the `Reclaimer`
+ * (worker/reclaimer.ts) and whatever else is registered with `whileLeader`:
+ * the reclaimer returns runs whose lease expired (their worker died) to the
+ * queue, so a worker killed
  * with SIGKILL loses no run: it is executed again elsewhere (execution is
  * at-least-once; a handler with side effects must be idempotent per run id).
  *
@@ -49,6 +51,7 @@ import { Finisher } from "./finish.ts";
 import { LeaseRenewer } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
+import { LeaderElector } from "../core/leader.ts";
 import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 
@@ -79,6 +82,16 @@ export interface WorkerOptions {
   log: Logger;
   hooks?: WorkerHooks;
   /**
+   * How often a worker tries to become the leader, and the leader checks it
+   * still is; by default the reclaim interval.
+   */
+  leaderRetryMs?: number;
+  /**
+   * Opens a one-connection pool the leader's lock is held on (ended when
+   * leadership ends); without it, a connection of the main pool is reserved.
+   */
+  leaderSession?: () => Sql;
+  /**
    * Opens a pool used only for LISTEN, so a failed LISTEN is retried on a
    * fresh pool (db/listener.ts); without it, the worker listens on the main
    * pool once and, if that fails, only polls.
@@ -96,8 +109,8 @@ export class Worker implements Service {
   readonly #sql: Sql;
   readonly #registry: WorkflowRegistry;
   readonly #opts:
-    & Required<Omit<WorkerOptions, "hooks" | "listener">>
-    & Pick<WorkerOptions, "listener">
+    & Required<Omit<WorkerOptions, "hooks" | "listener" | "leaderRetryMs" | "leaderSession">>
+    & Pick<WorkerOptions, "listener" | "leaderRetryMs" | "leaderSession">
     & { hooks: WorkerHooks };
   readonly #log: Logger;
   readonly #inFlight = new Map<string, Attempt>();
@@ -110,7 +123,7 @@ export class Worker implements Service {
   readonly #notify: () => void;
   readonly #eventsWritten: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
-  readonly #reclaimer: Reclaimer;
+  readonly #leader: LeaderElector;
   readonly #listener: Listener;
   readonly #finisher: Finisher;
   readonly #presence: WorkerPresence;
@@ -123,7 +136,7 @@ export class Worker implements Service {
     this.#opts = {
       retryCapMs: 5 * MINUTE,
       // Half a lease bounds how long a dead worker's run waits beyond its
-      // lease; every worker reclaims, so the fleet looks more often still.
+      // lease (the leader reclaims for the fleet).
       reclaimMs: Math.max(opts.pollMs, Math.min(opts.leaseMs / 2, 5 * SECOND)),
       resultMaxBytes: DEFAULT_RUN_RESULT_MAX_BYTES,
       hooks: {},
@@ -177,24 +190,49 @@ export class Worker implements Service {
       hooks: this.#opts.hooks,
       log: this.#log,
     });
-    this.#reclaimer = new Reclaimer(sql, {
-      intervalMs: this.#opts.reclaimMs,
+    this.#leader = new LeaderElector({
+      role: "worker",
+      ...(opts.leaderSession ? { connect: opts.leaderSession } : { pool: sql }),
+      retryMs: opts.leaderRetryMs ?? this.#opts.reclaimMs,
       log: this.#log,
-      onReclaimed: (runs) => {
-        this.#opts.hooks.onReclaimed?.(runs);
-        if (runs.length > 0) this.#eventsWritten();
-        // Requeued runs are due now: this worker and the others may take them.
-        if (runs.some((r) => r.status === "queued")) {
-          this.#sleep.wake();
-          this.#notify();
-        }
-      },
+      onChange: (leader) => this.#opts.hooks.onLeader?.(leader),
     });
+    // One reclaimer for the fleet: its loose scan of every tenant with
+    // running runs is done once per interval, not once per worker.
+    this.#leader.whileLeader("reclaimer", () =>
+      new Reclaimer(sql, {
+        intervalMs: this.#opts.reclaimMs,
+        log: this.#log,
+        onReclaimed: (runs) => {
+          this.#opts.hooks.onReclaimed?.(runs);
+          if (runs.length > 0) this.#eventsWritten();
+          // Requeued runs are due now: this worker and the others may take them.
+          if (runs.some((r) => r.status === "queued")) {
+            this.#sleep.wake();
+            this.#notify();
+          }
+        },
+      }));
   }
 
   /** This worker's lease owner id. */
   get id(): string {
     return this.#opts.id;
+  }
+
+  /** Whether this worker is the fleet's leader now (runs the reclaimer and the queue gauges). */
+  get isLeader(): boolean {
+    return this.#leader.isLeader;
+  }
+
+  /**
+   * Runs a service made by `make` on the leader only: made and started when
+   * this worker becomes the leader, stopped when it stops being it (the
+   * place for fleet-wide maintenance: reclaiming, reconciling counts).
+   * Register before `start()`.
+   */
+  whileLeader(name: string, make: () => Service): void {
+    this.#leader.whileLeader(name, make);
   }
 
   /** Runs being executed (or finishing) right now. */
@@ -243,7 +281,7 @@ export class Worker implements Service {
         for (const run of runs) this.#execute(run, claimedAt);
       },
     }));
-    await this.#reclaimer.start();
+    await this.#leader.start();
     this.#log.info("worker started", {
       workflows: this.#registry.list(),
       concurrency,
@@ -264,7 +302,7 @@ export class Worker implements Service {
     this.#stopping.abort();
     for (const t of this.#timers) clearTimeout(t);
     this.#timers.clear();
-    await Promise.all([...this.#loops, this.#reclaimer.stop()]);
+    await Promise.all([...this.#loops, this.#leader.stop()]);
     await this.#listener.stop();
     if (this.#inFlight.size > 0) {
       this.#log.info("waiting for runs in flight", { runs: this.#inFlight.size });
