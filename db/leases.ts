@@ -120,22 +120,111 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
 }
 
 /**
- * What a heartbeat learned: the lease is extended (`held`), extended but a
- * cancel was requested (`cancel-requested`: abort the handler, keep beating
- * until it returned), or gone (`lost`: stop working on the run).
+ * What a lease renewal learned of one run: the lease is extended (`held`),
+ * extended but a cancel was requested (`cancel-requested`: abort the
+ * handler, keep renewing until it returned), gone (`lost`: stop working on
+ * the run), or not renewed this time because another statement holds the
+ * row (`busy`: a finishing write of this worker, the reclaimer, a cancel;
+ * the lease is left unconfirmed and tried again next time).
  */
-export type HeartbeatResult = "held" | "cancel-requested" | "lost";
+export type HeartbeatResult = "held" | "cancel-requested" | "lost" | "busy";
+
+/** One lease a worker renews: the run, and the attempt it holds (the fencing token). */
+export interface HeldLease {
+  tenant_id: string;
+  run_id: string;
+  attempt: number;
+}
 
 /**
- * Extends `owner`'s lease on attempt `attempt` of a running run to now +
- * `leaseMs`. `lost` when the lease is lost (reclaimed, finished, owned by
- * another worker or by a newer attempt): the caller must stop working on the
- * run. Not a state change, so no event.
+ * Extends `owner`'s leases on `leases` to now + `leaseMs`, in one statement
+ * (one commit) however many there are; the result is per lease, in order.
+ * Each is fenced as every statement of a claim is (`lease_owner = owner and
+ * attempts = attempt and status = 'running'`): `lost` when the lease is gone
+ * (reclaimed, finished, owned by another worker or by a newer attempt), and
+ * the caller must stop working on that run. Not a state change, so no event.
+ *
+ * Rows another statement holds are skipped (`busy`), not waited for: one row
+ * locked by a slow finishing write must not hold up the renewal of all the
+ * worker's other runs (and waiting would risk a deadlock with a completion
+ * batch locking the same rows in another order). Each run is found by a
+ * primary-key probe in a lateral subquery (never flattened into a join the
+ * planner could hash over a scan of `runs`), and written through an
+ * always-conflicting upsert, as in `completeRuns`: an `UPDATE … FROM` the
+ * locked rows was planned as a sequential scan of a never-analyzed `runs`
+ * (tests/db_plans_test.ts), the arbiter's probe never is.
  *
  * `signal` bounds the wait: when it aborts, the statement is cancelled (also
- * on the server, where it may be waiting for a row lock) and the promise
- * rejects with the signal's reason. A heartbeat that timed out may or may
- * not have been written; the caller treats its lease as unconfirmed.
+ * on the server) and the promise rejects with the signal's reason. A renewal
+ * that timed out may or may not have been written; the caller treats its
+ * leases as unconfirmed.
+ */
+export async function renewLeases(
+  sql: Sql,
+  owner: string,
+  leases: readonly HeldLease[],
+  leaseMs: number,
+  signal?: AbortSignal,
+): Promise<HeartbeatResult[]> {
+  if (leases.length === 0) return [];
+  const query = sql<
+    { i: number; renewed: boolean; cancel_requested: boolean; ours: boolean | null }[]
+  >`
+    with l as (
+      select l.tenant_id, l.run_id, l.attempt, l.i::int as i
+        from unnest(${leases.map((l) => l.tenant_id)}::text[],
+                    ${leases.map((l) => l.run_id)}::uuid[],
+                    ${leases.map((l) => l.attempt)}::int[])
+             with ordinality as l(tenant_id, run_id, attempt, i)
+    ),
+    locked as (
+      select l.i, k.r
+        from l
+       cross join lateral (
+             select r from runs r
+              where r.tenant_id = l.tenant_id and r.run_id = l.run_id
+                and r.lease_owner = ${owner} and r.attempts = l.attempt
+                and r.status = 'running'
+                for update skip locked) k
+    ),
+    upd as (
+      insert into runs select (k.r).* from locked k
+      on conflict (tenant_id, run_id) do update
+         set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
+       where runs.status = 'running' and runs.lease_owner = ${owner}
+      returning runs.tenant_id, runs.run_id, runs.cancel_requested_at is not null as cancel_requested
+    )
+    -- Joins of CTEs only: no table is read, whatever the plan. Not renewed:
+    -- lost when the row (as this statement's snapshot sees it) is not the
+    -- attempt's any more, else busy (held by another statement).
+    select l.i, u.run_id is not null as renewed,
+           coalesce(u.cancel_requested, false) as cancel_requested,
+           o.ours is not null as ours
+      from l
+      left join upd u on u.tenant_id = l.tenant_id and u.run_id = l.run_id
+      -- A probe per run, only for those not renewed.
+      left join lateral (
+             select true as ours from runs r
+              where u.run_id is null
+                and r.tenant_id = l.tenant_id and r.run_id = l.run_id
+                and r.lease_owner = ${owner} and r.attempts = l.attempt
+                and r.status = 'running'
+              limit 1) o on true`;
+  const rows = await cancelledOnAbort(query, signal);
+  const out: HeartbeatResult[] = leases.map(() => "lost");
+  for (const r of rows) {
+    out[r.i - 1] = r.renewed
+      ? (r.cancel_requested ? "cancel-requested" : "held")
+      : r.ours
+      ? "busy"
+      : "lost";
+  }
+  return out;
+}
+
+/**
+ * `renewLeases` for one run: extends `owner`'s lease on attempt `attempt`
+ * of a running run.
  */
 export async function heartbeat(
   sql: Sql,
@@ -146,15 +235,14 @@ export async function heartbeat(
   leaseMs: number,
   signal?: AbortSignal,
 ): Promise<HeartbeatResult> {
-  const query = sql<{ cancel_requested: boolean }[]>`
-    update runs
-       set lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond'
-     where tenant_id = ${tenantId} and run_id = ${runId}
-       and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
-    returning cancel_requested_at is not null as cancel_requested`;
-  const rows = await cancelledOnAbort(query, signal);
-  if (rows.length === 0) return "lost";
-  return rows[0].cancel_requested ? "cancel-requested" : "held";
+  const [result] = await renewLeases(
+    sql,
+    owner,
+    [{ tenant_id: tenantId, run_id: runId, attempt }],
+    leaseMs,
+    signal,
+  );
+  return result;
 }
 
 /**

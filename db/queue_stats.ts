@@ -10,10 +10,19 @@ import { COUNT_CAP } from "./queue_overview.ts";
 import { type LimitedWorkflowStats, selectLimitedWorkflowStats } from "./concurrency_overview.ts";
 import { CATALOG_VERSIONS, QUEUED_TENANTS } from "./queue_sql.ts";
 
+/**
+ * Most queued (and most running) runs a scrape counts: beyond it the gauge
+ * says "at least this many" (`capped`), so a scrape reads at most this many
+ * index entries however long the queue is.
+ */
+export const QUEUE_GAUGE_CAP = 100_000;
+
 /** The queue at a glance, for metrics. */
 export interface QueueStats {
-  /** Runs waiting and runs being executed (all tenants). */
+  /** Runs waiting and runs being executed (all tenants), each at most the cap. */
   byStatus: { queued: number; running: number };
+  /** Whether a count reached the cap: there are at least that many, maybe more. */
+  capped: { queued: boolean; running: boolean };
   /** Seconds since the oldest due queued run became due; 0 when none is due. */
   oldestQueuedAgeSeconds: number;
   /**
@@ -29,30 +38,39 @@ export interface QueueStats {
 }
 
 /**
- * Counts queued and running runs and measures the age of the oldest due
- * queued run. Each reads a partial index, so the cost follows the live
- * queue, not the table: finished runs pile up by the million and are counted
- * by the workers' completion counters instead. A run is running exactly
- * while it holds a lease (a check constraint says so); the oldest due run is
- * the oldest of the tenants' heads, one probe per tenant with queued runs.
+ * Counts queued and running runs, each up to `cap`, and measures the age of
+ * the oldest due queued run. Each reads a partial index, so the cost follows
+ * the live queue, not the table, and stops at `cap` entries: finished runs
+ * pile up by the million and are counted by the workers' completion
+ * counters instead. A run is running exactly while it holds a lease (a
+ * check constraint says so); the oldest due run is the oldest of the
+ * tenants' heads, one probe per tenant with queued runs.
  */
-export async function queueCounts(sql: Sql): Promise<
+export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
   Omit<QueueStats, "waitingForWorker" | "limited">
 > {
   const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
-    -- Counted per tenant of the loose scan: each count is a range of the
-    -- queued index, naming its tenant in collation "C" so no other index or
-    -- a sequential scan can serve it, whatever the statistics.
-    select (select coalesce(sum((select count(*) from runs r
-                                  where r.tenant_id collate "C" = t.tenant_id
-                                    and r.status = 'queued')), 0)
-              from queued_tenants t where t.tenant_id is not null)::int as queued,
-           (select count(*) from runs
-             where status = 'running' and lease_expires_at is not null)::int as running,
+    -- Counted per tenant of the loose scan, up to the cap in all (the scan
+    -- stops there): each count is a range of the queued index, naming its
+    -- tenant in collation "C" so no other index or a sequential scan can
+    -- serve it, whatever the statistics.
+    select (select count(*) from (
+              select 1 from queued_tenants t
+               cross join lateral (select 1 from runs r
+                                    where r.tenant_id collate "C" = t.tenant_id
+                                      and r.status = 'queued'
+                                    limit ${cap}) q
+               where t.tenant_id is not null
+               limit ${cap}) c)::int as queued,
+           (select count(*) from (
+              select 1 from runs
+               where status = 'running' and lease_expires_at is not null
+               limit ${cap}) c)::int as running,
            (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
   return {
     byStatus: { queued: r.queued, running: r.running },
+    capped: { queued: r.queued >= cap, running: r.running >= cap },
     oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),
   };
 }
@@ -62,9 +80,9 @@ export async function queueCounts(sql: Sql): Promise<
  * and the limited workflows' counts (`selectLimitedWorkflowStats`), all at
  * once: what one scrape reads.
  */
-export async function queueStats(sql: Sql): Promise<QueueStats> {
+export async function queueStats(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<QueueStats> {
   const [counts, waitingForWorker, limited] = await Promise.all([
-    queueCounts(sql),
+    queueCounts(sql, cap),
     selectUnhostedQueues(sql, COUNT_CAP),
     selectLimitedWorkflowStats(sql),
   ]);

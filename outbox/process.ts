@@ -1,7 +1,8 @@
 /**
  * `main.ts outbox`: the outbox process. Reads its configuration, opens
- * the pool and the Kafka clients, runs an `OutboxPublisher`, an `OutboxPurger`,
- * a `RunPurger` (retention of finished runs) and its `/metrics`, `/healthz`
+ * the pool and the Kafka clients, runs an `OutboxPublisher` and, on the one
+ * outbox process elected leader (core/leader.ts), an `OutboxPurger` and a
+ * `RunPurger` (retention of finished runs); and its `/metrics`, `/healthz`
  * and `/readyz` endpoint (OUTBOX_METRICS_PORT) until SIGTERM/SIGINT, then
  * lets the batch in flight finish and closes producer, admin and pool
  * (core/process_harness.ts: a second signal forces the exit).
@@ -35,6 +36,11 @@ import {
 import { selectTenants } from "../db/auth.ts";
 import { ConfigError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
+import { LeaderElector } from "../core/leader.ts";
+
+// How often an outbox process tries to become the leader (the purges'
+// process), and the leader checks it still is.
+const LEADER_RETRY_MS = 5 * SECOND;
 
 // Bounded so a failing send gives up within seconds (the library's default
 // for an idempotent producer is to retry forever); the publisher's own loop
@@ -105,13 +111,28 @@ export async function main(args: string[]): Promise<number> {
       applicationName: `poimen-outbox-shards ${id}`.slice(0, 63),
     }),
   });
-  const purger = new OutboxPurger(sql, {
-    retentionMs: cfg.OUTBOX_RETENTION_MS,
-    intervalMs: cfg.OUTBOX_PURGE_INTERVAL_MS,
-    batchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
+  // The purges run on one outbox process of the fleet: each round scans
+  // across tenants, once is enough.
+  const leader = new LeaderElector({
+    role: "outbox",
+    connect: () =>
+      createPool({
+        url: cfg.DATABASE_URL,
+        max: 1,
+        applicationName: `poimen-outbox-leader ${id}`.slice(0, 63),
+      }),
+    retryMs: LEADER_RETRY_MS,
     log,
   });
+  leader.whileLeader("outbox purger", () =>
+    new OutboxPurger(sql, {
+      retentionMs: cfg.OUTBOX_RETENTION_MS,
+      intervalMs: cfg.OUTBOX_PURGE_INTERVAL_MS,
+      batchSize: cfg.OUTBOX_PURGE_BATCH_SIZE,
+      log,
+    }));
   const runPurger = await createRunPurger(cfg, sql, kafkaClient, metrics.runPurgerHooks, log);
+  if (runPurger) leader.whileLeader("run purger", runPurger.make);
   return await runProcess([
     // Closed last: everything else uses it.
     { name: "pool", stop: () => sql.end({ timeout: 5 }) },
@@ -123,8 +144,13 @@ export async function main(args: string[]): Promise<number> {
     // of their waits, not the sum.
     [
       named("outbox publisher", publisher),
-      named("outbox purger", purger),
-      ...runPurger ? [named("run purger", runPurger)] : [],
+      named("outbox leader (purges)", {
+        start: () => leader.start(),
+        stop: once(async () => {
+          await leader.stop();
+          await runPurger?.close();
+        }),
+      }),
     ],
   ], { log, stopDeadlineMs: stopDeadline(cfg.OUTBOX_SHUTDOWN_MS) });
 }
@@ -136,7 +162,8 @@ const DISPATCH_RETENTION_TIMEOUT_MS = 10 * SECOND;
 const STARTUP_DISPATCH_RETENTION_TIMEOUT_MS = 5 * SECOND;
 
 /**
- * The run purger, or undefined when RUN_PURGE_INTERVAL_MS is 0. Refuses
+ * A maker of run purgers (one per leadership term) and what closes the
+ * admin client they share, or undefined when RUN_PURGE_INTERVAL_MS is 0. Refuses
  * (ConfigError, exit 2) a RUN_RETENTION_MS shorter than TOPIC_RETENTION_MS
  * or than a dispatch topic of this database's tenants keeps messages. When
  * Postgres or the broker cannot be asked at start-up, it starts anyway: the
@@ -148,7 +175,7 @@ async function createRunPurger(
   kafkaClient: KafkaClientOptions,
   hooks: RunPurgerHooks,
   log: Logger,
-): Promise<Service | undefined> {
+): Promise<{ make: () => Service; close: () => Promise<void> } | undefined> {
   if (cfg.RUN_PURGE_INTERVAL_MS === 0) {
     log.info("run purge off (RUN_PURGE_INTERVAL_MS=0): finished runs are kept");
     return undefined;
@@ -184,20 +211,17 @@ async function createRunPurger(
       error,
     });
   }
-  const purger = new RunPurger(sql, {
-    retentionMs: cfg.RUN_RETENTION_MS,
-    intervalMs: cfg.RUN_PURGE_INTERVAL_MS,
-    batchSize: cfg.RUN_PURGE_BATCH_SIZE,
-    dispatchRetention: () => dispatchRetention(),
-    log,
-    hooks,
-  });
-  // The purger and the admin client it reads topics with, stopped together.
   return {
-    start: () => purger.start(),
-    stop: once(async () => {
-      await purger.stop();
-      await admin.close();
-    }),
+    make: () =>
+      new RunPurger(sql, {
+        retentionMs: cfg.RUN_RETENTION_MS,
+        intervalMs: cfg.RUN_PURGE_INTERVAL_MS,
+        batchSize: cfg.RUN_PURGE_BATCH_SIZE,
+        dispatchRetention: () => dispatchRetention(),
+        log,
+        hooks,
+      }),
+    // The admin client the purgers read topics with, closed once they are stopped.
+    close: once(() => admin.close()),
   };
 }

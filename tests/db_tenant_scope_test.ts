@@ -52,8 +52,12 @@ const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
     via: ["runs via runs_running_tenant_idx"],
   },
   "queue: queueCounts": {
-    why: "metrics: the tenants with queued runs, and the fleet's running runs",
-    via: ["runs via Bitmap Heap Scan", "runs via runs_queued_workflow_idx"],
+    why: "metrics: the tenants with queued runs, and the fleet's running runs (up to a cap)",
+    via: [
+      "runs via Bitmap Heap Scan",
+      "runs via runs_queued_workflow_idx",
+      "runs via runs_running_tenant_idx",
+    ],
   },
   "queue: selectUnhostedQueues": {
     why: "metrics: the tenants with queued runs (the loose scan)",
@@ -61,7 +65,11 @@ const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
   },
   "queue: queueStats": {
     why: "metrics: queueCounts and selectUnhostedQueues, as above",
-    via: ["runs via Bitmap Heap Scan", "runs via runs_queued_workflow_idx"],
+    via: [
+      "runs via Bitmap Heap Scan",
+      "runs via runs_queued_workflow_idx",
+      "runs via runs_running_tenant_idx",
+    ],
   },
   "outbox: claimPendingEvents": {
     why: "finds every tenant's unpublished events, oldest first: the outbox's due work",

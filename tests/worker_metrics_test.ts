@@ -30,12 +30,14 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
   const answers: (QueueStats | Error)[] = [
     {
       byStatus: { queued: 7, running: 1 },
+      capped: { queued: false, running: false },
       oldestQueuedAgeSeconds: 3,
       waitingForWorker: [{ workflow: "a@1", runs: 5 }, { workflow: "b@2", runs: 2 }],
       limited: [],
     },
     {
       byStatus: { queued: 2, running: 0 },
+      capped: { queued: false, running: false },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [{ workflow: "b@2", runs: 2 }],
       limited: [],
@@ -43,6 +45,7 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
     new Error("postgres went away"),
     {
       byStatus: { queued: 0, running: 0 },
+      capped: { queued: false, running: false },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [],
       limited: [],
@@ -202,4 +205,86 @@ Deno.test("worker metrics: the runs a full concurrency group holds back and the 
   } finally {
     await db.drop();
   }
+});
+
+Deno.test("worker metrics: with more queued runs than the cap, queueStats and the gauge report the cap and the overflow flag", async () => {
+  const db = await freshDatabase();
+  const sql = db.sql;
+  try {
+    // Two tenants, so the cap stops the count across tenants, not in one.
+    for (const t of ["acme", "globex"]) await insertTenant(sql, t);
+    const runs = (tenant: string, n: number): NewRun[] =>
+      Array.from({ length: n }, (_, i) => ({
+        tenant_id: tenant,
+        run_id: crypto.randomUUID(),
+        workflow_ref: "echo",
+        workflow_name: "echo",
+        workflow_version: 1,
+        input: { i },
+        goal_id: null,
+        dispatch_key: null,
+        source: "test",
+        max_attempts: 3,
+        run_after: null,
+      }));
+    await insertRuns(sql, [...runs("acme", 4), ...runs("globex", 4)]);
+    const under = await queueStats(sql, 20);
+    assert.deepEqual(under.byStatus, { queued: 8, running: 0 });
+    assert.deepEqual(under.capped, { queued: false, running: false });
+    const over = await queueStats(sql, 5);
+    assert.deepEqual(over.byStatus, { queued: 5, running: 0 });
+    assert.deepEqual(over.capped, { queued: true, running: false });
+
+    const registry = new client.Registry();
+    createWorkerMetrics(registry, () => queueStats(sql, 5), () => 0, silentLogger);
+    const text = await registry.metrics();
+    assert.match(text, /^poimen_runs\{status="queued"\} 5$/m);
+    assert.match(text, /^poimen_runs_at_cap\{status="queued"\} 1$/m);
+    assert.match(text, /^poimen_runs_at_cap\{status="running"\} 0$/m);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("worker metrics: a worker that is not the leader reports no queue-wide gauges and reads nothing for them", async () => {
+  let reads = 0;
+  let leader = false;
+  const registry = new client.Registry();
+  createWorkerMetrics(
+    registry,
+    () => {
+      if (!leader) return Promise.resolve(null);
+      reads++;
+      return Promise.resolve({
+        byStatus: { queued: 3, running: 1 },
+        capped: { queued: false, running: false },
+        oldestQueuedAgeSeconds: 2,
+        waitingForWorker: [{ workflow: "a@1", runs: 3 }],
+        limited: [],
+      });
+    },
+    () => 0,
+    silentLogger,
+    () => leader,
+  );
+  const follower = await registry.metrics();
+  assert.equal(reads, 0);
+  assert.match(follower, /^poimen_worker_leader 0$/m);
+  assert.doesNotMatch(follower, /^poimen_runs\{/m);
+  assert.deepEqual(waitingSeries(follower), {});
+
+  leader = true;
+  await new Promise((r) => setTimeout(r, 0));
+  const led = await registry.metrics();
+  assert.equal(reads, 1);
+  assert.match(led, /^poimen_worker_leader 1$/m);
+  assert.match(led, /^poimen_runs\{status="queued"\} 3$/m);
+  assert.deepEqual(waitingSeries(led), { "a@1": 3 });
+
+  // Leadership lost: its last answer is not repeated.
+  leader = false;
+  await new Promise((r) => setTimeout(r, 0));
+  const after = await registry.metrics();
+  assert.doesNotMatch(after, /^poimen_runs\{/m);
+  assert.deepEqual(waitingSeries(after), {});
 });

@@ -4,12 +4,13 @@
  */
 import assert from "node:assert/strict";
 import { z } from "zod";
+import postgres from "postgres";
 import { Admission } from "../admission/admit.ts";
 import { createLogger, silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { claimRuns } from "../db/claims.ts";
-import type { ReclaimedRun } from "../db/leases.ts";
+import { type ReclaimedRun, reclaimExpired } from "../db/leases.ts";
 import { queueStats } from "../db/queue_stats.ts";
 import { BUILTIN_HOSTED, catalogOf } from "./support/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
@@ -79,8 +80,9 @@ async function runRow(sql: Sql, runId: string) {
       error: Record<string, unknown> | null;
       event_seq: number;
       lease_owner: string | null;
+      lease_expires_at: Date | null;
     }[]
-  >`select status, attempts, result, error, event_seq, lease_owner from runs
+  >`select status, attempts, result, error, event_seq, lease_owner, lease_expires_at from runs
      where tenant_id = ${TENANT} and run_id = ${runId}`;
   return row;
 }
@@ -332,6 +334,52 @@ Deno.test("worker: its reclaimer returns a run whose lease expired to the queue 
     assert.equal(evs[2].payload.reason, "lease expired");
   } finally {
     await Promise.all([reclaimer.stop(), reclaimer.stop()]);
+    await db.drop();
+  }
+});
+
+Deno.test("worker: of two workers one is the leader and reclaims; when it stops the other takes over and reclaims", async () => {
+  const { db, admit } = await setup();
+  const reclaimedBy: Record<string, string[]> = {};
+  const make = (name: string) =>
+    worker(db.sql, {
+      id: name,
+      leaseMs: 600,
+      leaderRetryMs: 100,
+      reclaimMs: 50,
+      hooks: {
+        onReclaimed: (runs) => (reclaimedBy[name] ??= []).push(...runs.map((r) => r.run_id)),
+      },
+    });
+  const a = make("w-a"), b = make("w-b");
+  try {
+    await a.start();
+    await b.start();
+    await waitFor("a leader", () => a.isLeader || b.isLeader, 10_000);
+    assert.equal(Number(a.isLeader) + Number(b.isLeader), 1);
+    const [leader, other] = a.isLeader ? [a, b] : [b, a];
+    // A run claimed by a worker that vanished: its lease ran out at once.
+    const first = await admit("sleep", { ms: 600_000 });
+    await waitFor("first running", statusIs(db.sql, first, "running"), 10_000);
+    const runs = await db.sql`update runs set lease_owner = 'vanished', lease_expires_at = now()
+                               where tenant_id = ${TENANT} and run_id = ${first} returning 1`;
+    assert.equal(runs.length, 1);
+    await waitFor("the leader reclaimed it", () => reclaimedBy[leader.id]?.includes(first), 10_000);
+    assert.equal(reclaimedBy[other.id], undefined, "only the leader reclaims");
+
+    await leader.stop();
+    await waitFor("the other leads", () => other.isLeader, 10_000);
+    const second = await admit("sleep", { ms: 600_000 });
+    await waitFor("second running", async () => {
+      const row = await runRow(db.sql, second);
+      return row.status === "running" && row.attempts >= 1;
+    }, 10_000);
+    await db.sql`update runs set lease_owner = 'vanished', lease_expires_at = now()
+                  where tenant_id = ${TENANT} and run_id = ${second}`;
+    await waitFor("the new leader reclaimed it", () => reclaimedBy[other.id]?.includes(second));
+  } finally {
+    await a.stop();
+    await b.stop();
     await db.drop();
   }
 });
@@ -802,7 +850,7 @@ Deno.test("worker: its completion for an attempt that is over is fenced, even un
   }
 });
 
-Deno.test("worker: a heartbeat stuck on a row lock times out, and the handler is aborted when the lease runs out", async () => {
+Deno.test("worker: a lease renewal stuck on a lock times out, and the handler is aborted when the lease runs out", async () => {
   const { db, admit } = await setup();
   const outcomes: AttemptOutcome[] = [];
   let timeouts = 0;
@@ -817,24 +865,139 @@ Deno.test("worker: a heartbeat stuck on a row lock times out, and the handler is
     await w.start();
     const runId = await admit("sleep", { ms: 60_000 });
     await waitFor("run running", statusIs(db.sql, runId, "running"), 10_000);
-    // Holds the run's row lock: every heartbeat update waits for it.
+    // Holds the table against writers: every renewal waits for it (a row
+    // lock alone is skipped; see the next test).
     let locked = false;
     holder = db.sql.begin(async (tx) => {
-      await tx`select 1 from runs where tenant_id = ${TENANT} and run_id = ${runId} for update`;
+      await tx`lock table runs in exclusive mode`;
       locked = true;
       await unlocked;
     });
-    await waitFor("row locked", () => locked, 10_000);
+    await waitFor("table locked", () => locked, 10_000);
     await waitFor("the handler was aborted", () => outcomes.includes("lost"), 10_000);
     assert.ok(timeouts > 0);
     unlock();
     await holder;
-    // The cancelled heartbeats wrote nothing for the lost attempt.
+    // The cancelled renewals wrote nothing for the lost attempt.
     const evs = await events(db.sql, runId);
     assert.ok(!evs.some((e) => e.type === "run.succeeded" || e.type === "run.failed"));
   } finally {
     unlock();
     await holder;
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: a run whose row another statement holds is left unrenewed and aborted when its lease runs out, while its other runs' leases are renewed", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const w = worker(db.sql, { leaseMs: 900, hooks: { onFinished: (o) => outcomes.push(o) } });
+  let unlock = () => {};
+  const unlocked = new Promise<void>((r) => unlock = r);
+  let holder: Promise<unknown> = Promise.resolve();
+  try {
+    await w.start();
+    const stuck = await admit("sleep", { ms: 60_000 });
+    const free = await admit("sleep", { ms: 60_000 });
+    for (const id of [stuck, free]) {
+      await waitFor("run running", statusIs(db.sql, id, "running"), 10_000);
+    }
+    let locked = false;
+    holder = db.sql.begin(async (tx) => {
+      await tx`select 1 from runs where tenant_id = ${TENANT} and run_id = ${stuck} for update`;
+      locked = true;
+      await unlocked;
+    });
+    await waitFor("row locked", () => locked, 10_000);
+    const before = (await runRow(db.sql, free)).lease_expires_at;
+    await waitFor("the stuck run's handler was aborted", () => outcomes.includes("lost"), 10_000);
+    assert.deepEqual(outcomes, ["lost"]);
+    await waitFor("the free run's lease renewed", async () => {
+      const row = await runRow(db.sql, free);
+      return row.status === "running" && row.lease_expires_at! > before!;
+    }, 10_000);
+  } finally {
+    unlock();
+    await holder;
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: one statement per interval renews the leases of all its 20 running runs", async () => {
+  const { db, admit } = await setup();
+  // The worker's own pool, whose statements the test sees as sent.
+  const renewals: number[] = [];
+  const pool = postgres(db.url, {
+    max: 10,
+    onnotice: () => {},
+    debug: (_conn, text, parameters) => {
+      if (!text.includes("with ordinality as l(tenant_id, run_id, attempt, i)")) return;
+      // The run ids, as the driver serialized the uuid[] parameter.
+      const ids = String((parameters as unknown[])[1]).replace(/^\{|\}$/g, "").split(",");
+      renewals.push(ids.length);
+    },
+  });
+  const w = worker(pool as unknown as Sql, { concurrency: 20, leaseMs: 900 });
+  try {
+    await w.start();
+    const ids = [];
+    for (let i = 0; i < 20; i++) ids.push(await admit("sleep", { ms: 600_000 }));
+    await waitFor("20 runs running", () => w.inFlight === 20 ? true : undefined, 20_000);
+    const [{ running }] = await db.sql<{ running: number }[]>`
+      select count(*)::int as running from runs where status = 'running'`;
+    assert.equal(running, 20);
+    const from = renewals.length;
+    await waitFor("three renewals", () => renewals.length >= from + 3, 20_000);
+    // Every renewal since all 20 ran carried all 20: one statement, not one per run.
+    assert.deepEqual(renewals.slice(from, from + 3), [20, 20, 20]);
+  } finally {
+    await w.stop();
+    await pool.end();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: a run reclaimed and claimed by another worker is reported lost to the renewal, its handler aborted, and only it", async () => {
+  const { db, admit } = await setup();
+  const outcomes: AttemptOutcome[] = [];
+  const fenced: FencedStatement[] = [];
+  const w = worker(db.sql, {
+    leaseMs: 900,
+    hooks: { onFinished: (o) => outcomes.push(o), onFenced: (s) => fenced.push(s) },
+  });
+  try {
+    await w.start();
+    const ids = [];
+    for (let i = 0; i < 3; i++) ids.push(await admit("sleep", { ms: 600_000 }));
+    for (const id of ids) await waitFor("run running", statusIs(db.sql, id, "running"), 10_000);
+    const [taken, ...kept] = ids;
+    // Its lease expires, the reclaimer takes it back and another worker
+    // claims it, in one transaction: this worker cannot renew or re-claim
+    // it in between.
+    await db.sql.begin(async (tx) => {
+      await tx`update runs set lease_expires_at = now() - interval '1 second'
+                where tenant_id = ${TENANT} and run_id = ${taken}`;
+      const reclaimed = await reclaimExpired(tx as unknown as Sql, 10);
+      assert.deepEqual(reclaimed.map((r) => r.run_id), [taken]);
+      const claimed = await claimRuns(tx as unknown as Sql, "w-other", 1, 600_000, BUILTIN_HOSTED);
+      assert.deepEqual(claimed.map((r) => r.run_id), [taken]);
+    });
+    await waitFor("the taken run's handler gave up", () => outcomes.includes("lost"), 10_000);
+    assert.deepEqual(outcomes, ["lost"]);
+    assert.deepEqual(fenced, ["heartbeat"]);
+    const row = await runRow(db.sql, taken);
+    assert.equal(row.lease_owner, "w-other");
+    assert.equal(row.attempts, 2);
+    for (const id of kept) {
+      const before = (await runRow(db.sql, id)).lease_expires_at;
+      await waitFor("a kept run's lease renewed", async () => {
+        const r = await runRow(db.sql, id);
+        return r.lease_owner === w.id && r.lease_expires_at! > before!;
+      }, 10_000);
+    }
+  } finally {
     await w.stop();
     await db.drop();
   }

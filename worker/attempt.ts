@@ -21,17 +21,15 @@ export interface Attempt {
   log: Logger;
   /**
    * Until when this worker is sure it holds the lease: measured from before
-   * the claim was sent, then from before each heartbeat that answered, so
+   * the claim was sent, then from before each lease renewal that answered, so
    * never later than the database's own expiry.
    */
   lease: { until: number };
   /** Aborted (the handler's signal) on lease loss, cancel or shutdown. */
   abort: AbortController;
-  /** Aborted when this worker stops caring about the run: stops its heartbeat. */
+  /** Aborted when this worker stops caring about the run: its lease is renewed no more. */
   done: AbortController;
-  /** Aborted to make the heartbeat beat now (a cancel notification); replaced each beat. */
-  nudge: AbortController;
-  /** A heartbeat found a cancel requested: the handler's signal is aborted. */
+  /** A lease renewal found a cancel requested: the handler's signal is aborted. */
   cancelRequested: boolean;
   /** Set on shutdown timeout: the release writes the run back, the attempt writes nothing. */
   abandoned: boolean;
@@ -61,7 +59,6 @@ export function newAttempt(
     lease: { until: claimedAt + leaseMs },
     abort: new AbortController(),
     done: new AbortController(),
-    nudge: new AbortController(),
     cancelRequested: false,
     abandoned: false,
     lost: false,

@@ -59,19 +59,22 @@ export interface PoimenWorker {
 }
 
 /**
- * A worker's pools: `sql` for its statements (`size` connections) and a
- * factory of the one-connection pool it LISTENs on (db/listener.ts), both
- * named after the worker in `pg_stat_activity`.
+ * A worker's pools: `sql` for its statements (`size` connections), a
+ * factory of the one-connection pool it LISTENs on (db/listener.ts) and one
+ * of the one-connection pool its leader lock is held on (core/leader.ts),
+ * all named after the worker in `pg_stat_activity`.
  */
 export function workerPools(
   url: string,
   size: number,
   id: string,
-): { sql: Sql; listener: () => Sql } {
+): { sql: Sql; listener: () => Sql; leaderSession: () => Sql } {
   return {
     sql: createPool({ url, max: size, applicationName: `poimen-worker ${id}`.slice(0, 63) }),
     listener: () =>
       createPool({ url, max: 1, applicationName: `poimen-worker-listen ${id}`.slice(0, 63) }),
+    leaderSession: () =>
+      createPool({ url, max: 1, applicationName: `poimen-worker-leader ${id}`.slice(0, 63) }),
   };
 }
 
@@ -86,7 +89,7 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
   const log = options.log ?? createLogger("worker", "info");
   // The defaults are those of `deno task worker`'s variables, from the one schema.
   const defaults = readWorkerConfig({});
-  const { sql, listener } = workerPools(
+  const { sql, listener, leaderSession } = workerPools(
     options.databaseUrl,
     options.poolSize ?? defaults.DATABASE_POOL_SIZE,
     id,
@@ -101,6 +104,7 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
     resultMaxBytes: options.resultMaxBytes ?? defaults.RUN_RESULT_MAX_BYTES,
     log,
     listener,
+    leaderSession,
   });
   const stop = once(async () => {
     try {

@@ -22,10 +22,14 @@ export interface WorkerHooks {
   onClaimed?(count: number): void;
   onFinished?(outcome: AttemptOutcome): void;
   onReclaimed?(runs: ReclaimedRun[]): void;
-  /** A heartbeat or finishing write was refused: its attempt no longer holds the lease. */
+  /** A lease renewal or finishing write was refused: its attempt no longer holds the lease. */
   onFenced?(statement: FencedStatement): void;
-  /** A heartbeat did not answer within its timeout (the lease is unconfirmed). */
+  /** A lease renewal did not answer within its timeout (the leases are unconfirmed). */
   onHeartbeatTimeout?(): void;
   /** The slot reconciler corrected a concurrency group's drifted counts. */
   onSlotCorrected?(correction: SlotCorrection): void;
+  /** This worker became the fleet's leader (true) or stopped being it (false). */
+  onLeader?(leader: boolean): void;
+  /** A lease renewal answered: one statement, renewing `runs` runs' leases. */
+  onLeasesRenewed?(runs: number): void;
 }

@@ -2,7 +2,7 @@
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
 import { COUNT_CAP } from "../db/queue_overview.ts";
-import type { QueueStats } from "../db/queue_stats.ts";
+import { QUEUE_GAUGE_CAP, type QueueStats } from "../db/queue_stats.ts";
 import type { WorkerHooks } from "./hooks.ts";
 
 export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;
@@ -10,17 +10,22 @@ export type WorkerMetrics = ReturnType<typeof createWorkerMetrics>;
 /**
  * Creates the worker's metrics on `registry`. Queue-wide gauges are read at
  * scrape time through `stats` (one query per scrape, shared by the gauges);
- * `inFlight` reads this process's runs in flight.
+ * `stats` resolving with null means this process does not report them (it
+ * is not the leader): they are left empty. `inFlight` reads this process's
+ * runs in flight, `leader` whether it is the fleet's leader.
  */
 export function createWorkerMetrics(
   registry: client.Registry,
-  stats: () => Promise<QueueStats>,
+  stats: () => Promise<QueueStats | null>,
   inFlight: () => number,
   log: Logger,
+  leader: () => boolean = () => true,
 ) {
   const registers = [registry];
-  // The gauges are collected concurrently: the first asks, the others share its answer.
-  let pending: Promise<QueueStats | undefined> | undefined;
+  // The gauges are collected concurrently: the first asks, the others share
+  // its answer. undefined: the read failed (the gauges keep their last
+  // answer); null: not this process's to report.
+  let pending: Promise<QueueStats | null | undefined> | undefined;
   const fresh = () =>
     pending ??= stats()
       .catch((err) => {
@@ -55,14 +60,20 @@ export function createWorkerMetrics(
   const fenced = new client.Counter({
     name: "poimen_worker_fenced_total",
     help:
-      "Heartbeats and finishing writes refused because their attempt no longer held the lease, by statement: heartbeat, complete, fail, release",
+      "Lease renewals (per run) and finishing writes refused because their attempt no longer held the lease, by statement: heartbeat, complete, fail, release",
     labelNames: ["statement"] as const,
     registers,
   });
   const heartbeatTimeouts = new client.Counter({
     name: "poimen_worker_heartbeat_timeouts_total",
     help:
-      "Heartbeats that did not answer in time and were cancelled (the lease was left unconfirmed)",
+      "Lease renewals that did not answer in time and were cancelled (the leases were left unconfirmed)",
+    registers,
+  });
+  const renewals = new client.Counter({
+    name: "poimen_worker_lease_renewals_total",
+    help:
+      "Lease renewals that answered: one statement each, renewing every run this worker held then",
     registers,
   });
   new client.Gauge({
@@ -74,23 +85,48 @@ export function createWorkerMetrics(
     },
   });
   new client.Gauge({
+    name: "poimen_worker_leader",
+    help:
+      "1 on the workers' elected leader (it reclaims expired leases and reports the queue-wide gauges), 0 elsewhere",
+    registers,
+    collect() {
+      this.set(leader() ? 1 : 0);
+    },
+  });
+  new client.Gauge({
     name: "poimen_runs",
-    help: "Runs queued and running (all tenants); finished runs are counted by completions",
+    help:
+      `Runs queued and running (all tenants), each counted up to ${QUEUE_GAUGE_CAP} (poimen_runs_at_cap says when more); reported by the leader only; finished runs are counted by completions`,
     labelNames: ["status"] as const,
     registers,
     async collect() {
       const s = await fresh();
+      if (s === null) return this.reset();
       if (!s) return;
       for (const [status, n] of Object.entries(s.byStatus)) this.set({ status }, n);
     },
   });
   new client.Gauge({
-    name: "poimen_queue_oldest_due_age_seconds",
+    name: "poimen_runs_at_cap",
     help:
-      "Age of the oldest of the tenants' next due runs (highest priority first; 0 when none): how far behind the workers are",
+      "1 when poimen_runs of that status reached its cap: there are at least that many runs, maybe more; reported by the leader only",
+    labelNames: ["status"] as const,
     registers,
     async collect() {
       const s = await fresh();
+      if (s === null) return this.reset();
+      if (!s) return;
+      for (const [status, at] of Object.entries(s.capped)) this.set({ status }, at ? 1 : 0);
+    },
+  });
+  new client.Gauge({
+    name: "poimen_queue_oldest_due_age_seconds",
+    help:
+      "Age of the oldest of the tenants' next due runs (highest priority first; 0 when none): how far behind the workers are; 0 except on the leader",
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (s === null) return this.set(0);
       if (s) this.set(s.oldestQueuedAgeSeconds);
     },
   });
@@ -102,6 +138,7 @@ export function createWorkerMetrics(
     registers,
     async collect() {
       const s = await fresh();
+      if (s === null) return this.reset();
       // A failed read keeps the last answer, as the gauges above do.
       if (!s) return;
       // Only what this scrape found: a version that got a worker, or whose
@@ -121,6 +158,7 @@ export function createWorkerMetrics(
     registers,
     async collect() {
       const s = await fresh();
+      if (s === null) return this.reset();
       if (!s) return;
       this.reset();
       for (const l of s.limited) this.set({ tenant: l.tenant, workflow: l.workflow }, l.waiting);
@@ -133,6 +171,7 @@ export function createWorkerMetrics(
     registers,
     async collect() {
       const s = await fresh();
+      if (s === null) return this.reset();
       if (!s) return;
       this.reset();
       for (const l of s.limited) this.set({ tenant: l.tenant, workflow: l.workflow }, l.running);
@@ -150,6 +189,7 @@ export function createWorkerMetrics(
     },
     onFenced: (statement) => fenced.inc({ statement }),
     onHeartbeatTimeout: () => heartbeatTimeouts.inc(),
+    onLeasesRenewed: () => renewals.inc(),
   };
   return { registry, hooks };
 }

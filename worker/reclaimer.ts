@@ -2,8 +2,11 @@
  * The lease reclaimer, a maintenance service in the manner of River's: it
  * runs beside the claim loop and returns runs whose lease expired (their
  * worker died or hung) to the queue, or fails them when that was their
- * last attempt. Every worker runs one, so the fleet looks more often than
- * any one of them; `reclaimExpired` skips rows another reclaimer holds.
+ * last attempt. Only the workers' elected leader runs one (core/leader.ts):
+ * its loose scan of every tenant with running runs is done once per
+ * interval for the fleet. Two for a moment (a leader that has not noticed
+ * it lost the lock) do no harm: `reclaimExpired` skips rows another
+ * reclaimer holds.
  */
 import type { Logger } from "../core/log.ts";
 import { MaintenanceService } from "../core/maintenance.ts";

@@ -97,15 +97,22 @@ async function serve(options: RunWorkerOptions): Promise<number> {
   if (registry.list().length === 0) throw new TypeError("runWorker: no workflows given");
   const id = cfg.WORKER_ID ?? defaultWorkerId();
   const log = createLogger("worker", cfg.LOG_LEVEL);
-  const { sql, listener } = workerPools(cfg.DATABASE_URL, cfg.DATABASE_POOL_SIZE, id);
+  const { sql, listener, leaderSession } = workerPools(
+    cfg.DATABASE_URL,
+    cfg.DATABASE_POOL_SIZE,
+    id,
+  );
   const metricsRegistry = new client.Registry();
   guardDriverFaults(log, metricsRegistry);
   const metrics = createWorkerMetrics(
     metricsRegistry,
-    () => queueStats(sql),
-    // Only called at scrape time, after `worker` exists.
+    // The queue-wide gauges are the leader's to report: one process reads
+    // the queue per scrape interval, not every worker. Only called at
+    // scrape time, after `worker` exists.
+    () => worker.isLeader ? queueStats(sql) : Promise.resolve(null),
     () => worker.inFlight,
     log,
+    () => worker.isLeader,
   );
   const worker = new Worker(sql, registry, {
     id,
@@ -118,6 +125,7 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     log,
     hooks: { ...metrics.hooks, onSlotCorrected: slotCorrectionMetric(metricsRegistry) },
     listener,
+    leaderSession,
   });
   return await runProcess([
     // Closed last: everything above uses it.

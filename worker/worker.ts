@@ -1,21 +1,25 @@
 /**
  * The executor. A `Worker` claims due queued runs from Postgres (woken by
  * LISTEN/NOTIFY, polling as the fallback), runs at most `concurrency` of them
- * at once, keeps their leases alive with heartbeats, and finishes each one:
+ * at once, keeps their leases alive (one renewal for all), and finishes each one:
  * `succeeded`, retried with backoff, or `failed` after its last attempt.
  * A run whose handler returned gives its slot to the next claim while its
  * outcome is written (completions of runs that end together share one
  * statement), so claiming overlaps those writes; at most `concurrency` more
  * runs wait for such a write before claiming stops.
+ * Its `LeaseRenewer` renews the leases of all its runs in one statement
+ * every third of a lease (worker/heartbeat.ts).
  * A cancel requested of a running run (POST /v1/runs/{id}/cancel) reaches
- * the worker through its heartbeat, which reads the request from the row
- * (a NOTIFY on `poimen_cancel` only makes it beat at once): the handler's
+ * the worker through that renewal, which reads the request from the row
+ * (a NOTIFY on `poimen_cancel` only makes it renew at once): the handler's
  * `ctx.signal` is aborted, and when the handler then fails (throws, as a
  * handler that honours the signal does), the run ends `cancelled`, written
  * like any attempt's end, fenced by attempt. A handler that ignores the
  * signal and returns a result has done the work: the run succeeds.
- * Beside it runs its `Reclaimer` (worker/reclaimer.ts), which returns runs
- * whose lease expired (their worker died) to the queue, so a worker killed
+ * The workers elect a leader (core/leader.ts), which runs the `Reclaimer`
+ * (worker/reclaimer.ts) and whatever else is registered with `whileLeader`:
+ * the reclaimer returns runs whose lease expired (their worker died) to the
+ * queue, so a worker killed
  * with SIGKILL loses no run: it is executed again elsewhere (execution is
  * at-least-once; a handler with side effects must be idempotent per run id).
  *
@@ -44,10 +48,11 @@ import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { type Attempt, type AttemptResult, newAttempt, runHandler } from "./attempt.ts";
 import { claimLoop } from "./claim_loop.ts";
 import { Finisher } from "./finish.ts";
-import { heartbeatLoop } from "./heartbeat.ts";
+import { LeaseRenewer } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
 import { SlotReconciler } from "./slot_reconciler.ts";
+import { LeaderElector } from "../core/leader.ts";
 import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
 
@@ -82,6 +87,16 @@ export interface WorkerOptions {
   log: Logger;
   hooks?: WorkerHooks;
   /**
+   * How often a worker tries to become the leader, and the leader checks it
+   * still is; by default the reclaim interval.
+   */
+  leaderRetryMs?: number;
+  /**
+   * Opens a one-connection pool the leader's lock is held on (ended when
+   * leadership ends); without it, a connection of the main pool is reserved.
+   */
+  leaderSession?: () => Sql;
+  /**
    * Opens a pool used only for LISTEN, so a failed LISTEN is retried on a
    * fresh pool (db/listener.ts); without it, the worker listens on the main
    * pool once and, if that fails, only polls.
@@ -99,8 +114,8 @@ export class Worker implements Service {
   readonly #sql: Sql;
   readonly #registry: WorkflowRegistry;
   readonly #opts:
-    & Required<Omit<WorkerOptions, "hooks" | "listener">>
-    & Pick<WorkerOptions, "listener">
+    & Required<Omit<WorkerOptions, "hooks" | "listener" | "leaderRetryMs" | "leaderSession">>
+    & Pick<WorkerOptions, "listener" | "leaderRetryMs" | "leaderSession">
     & { hooks: WorkerHooks };
   readonly #log: Logger;
   readonly #inFlight = new Map<string, Attempt>();
@@ -113,11 +128,11 @@ export class Worker implements Service {
   readonly #notify: () => void;
   readonly #eventsWritten: () => void;
   readonly #timers = new Set<ReturnType<typeof setTimeout>>();
-  readonly #reclaimer: Reclaimer;
-  readonly #slotReconciler: SlotReconciler | undefined;
+  readonly #leader: LeaderElector;
   readonly #listener: Listener;
   readonly #finisher: Finisher;
   readonly #presence: WorkerPresence;
+  readonly #renewer: LeaseRenewer;
   #started = false;
 
   constructor(sql: Sql, registry: WorkflowRegistry, opts: WorkerOptions) {
@@ -126,7 +141,7 @@ export class Worker implements Service {
     this.#opts = {
       retryCapMs: 5 * MINUTE,
       // Half a lease bounds how long a dead worker's run waits beyond its
-      // lease; every worker reclaims, so the fleet looks more often still.
+      // lease (the leader reclaims for the fleet).
       reclaimMs: Math.max(opts.pollMs, Math.min(opts.leaseMs / 2, 5 * SECOND)),
       resultMaxBytes: DEFAULT_RUN_RESULT_MAX_BYTES,
       slotReconcileMs: 30 * SECOND,
@@ -165,42 +180,76 @@ export class Worker implements Service {
       ...(opts.listener ? { connect: opts.listener } : { pool: sql }),
       channels: {
         [QUEUE_CHANNEL]: wake,
-        // A cancel notification (`<tenant>/<run_id>`): that run's heartbeat looks now.
-        [CANCEL_CHANNEL]: (key) => this.#inFlight.get(key)?.nudge.abort(),
+        // A cancel notification (`<tenant>/<run_id>`) of a run it holds: renew now.
+        [CANCEL_CHANNEL]: (key) => {
+          if (this.#inFlight.has(key)) this.#renewer.nudge();
+        },
       },
       // NOTIFYs sent while the listener was down are lost: claim once then.
       onListen: wake,
       log: this.#log,
     });
     this.#presence = new WorkerPresence(sql, opts.id, registry, this.#log);
-    this.#reclaimer = new Reclaimer(sql, {
-      intervalMs: this.#opts.reclaimMs,
+    this.#renewer = new LeaseRenewer({
+      sql,
+      owner: opts.id,
+      leaseMs: this.#opts.leaseMs,
+      hooks: this.#opts.hooks,
       log: this.#log,
-      onReclaimed: (runs) => {
-        this.#opts.hooks.onReclaimed?.(runs);
-        if (runs.length > 0) this.#eventsWritten();
-        // Requeued runs are due now: this worker and the others may take them.
-        if (runs.some((r) => r.status === "queued")) {
-          this.#sleep.wake();
-          this.#notify();
-        }
-      },
     });
-    // A maintenance task like the reclaimer, registered beside it: once
-    // maintenance runs on an elected leader, it moves there with the others.
-    this.#slotReconciler = this.#opts.slotReconcileMs > 0
-      ? new SlotReconciler(sql, {
-        intervalMs: this.#opts.slotReconcileMs,
-        groupsPerRound: this.#opts.slotReconcileGroups,
+    this.#leader = new LeaderElector({
+      role: "worker",
+      ...(opts.leaderSession ? { connect: opts.leaderSession } : { pool: sql }),
+      retryMs: opts.leaderRetryMs ?? this.#opts.reclaimMs,
+      log: this.#log,
+      onChange: (leader) => this.#opts.hooks.onLeader?.(leader),
+    });
+    // One reclaimer for the fleet: its loose scan of every tenant with
+    // running runs is done once per interval, not once per worker.
+    this.#leader.whileLeader("reclaimer", () =>
+      new Reclaimer(sql, {
+        intervalMs: this.#opts.reclaimMs,
         log: this.#log,
-        onCorrected: (c) => this.#opts.hooks.onSlotCorrected?.(c),
-      })
-      : undefined;
+        onReclaimed: (runs) => {
+          this.#opts.hooks.onReclaimed?.(runs);
+          if (runs.length > 0) this.#eventsWritten();
+          // Requeued runs are due now: this worker and the others may take them.
+          if (runs.some((r) => r.status === "queued")) {
+            this.#sleep.wake();
+            this.#notify();
+          }
+        },
+      }));
+    // Slot counts are checked by the leader alone: one cursor for the fleet.
+    if (this.#opts.slotReconcileMs > 0) {
+      this.#leader.whileLeader("slot-reconciler", () =>
+        new SlotReconciler(sql, {
+          intervalMs: this.#opts.slotReconcileMs,
+          groupsPerRound: this.#opts.slotReconcileGroups,
+          log: this.#log,
+          onCorrected: (c) => this.#opts.hooks.onSlotCorrected?.(c),
+        }));
+    }
   }
 
   /** This worker's lease owner id. */
   get id(): string {
     return this.#opts.id;
+  }
+
+  /** Whether this worker is the fleet's leader now (runs the reclaimer and the queue gauges). */
+  get isLeader(): boolean {
+    return this.#leader.isLeader;
+  }
+
+  /**
+   * Runs a service made by `make` on the leader only: made and started when
+   * this worker becomes the leader, stopped when it stops being it (the
+   * place for fleet-wide maintenance: reclaiming, reconciling counts).
+   * Register before `start()`.
+   */
+  whileLeader(name: string, make: () => Service): void {
+    this.#leader.whileLeader(name, make);
   }
 
   /** Runs being executed (or finishing) right now. */
@@ -226,6 +275,7 @@ export class Worker implements Service {
     // Waiting for the first LISTEN means a NOTIFY sent after start() returns
     // is not missed; if Postgres is down, polling carries on meanwhile.
     await this.#listener.start();
+    await this.#renewer.start();
     const { id, concurrency, leaseMs, pollMs } = this.#opts;
     const hosted = this.#registry.hostedByLimit();
     this.#loops.push(claimLoop({
@@ -248,8 +298,7 @@ export class Worker implements Service {
         for (const run of runs) this.#execute(run, claimedAt);
       },
     }));
-    await this.#reclaimer.start();
-    await this.#slotReconciler?.start();
+    await this.#leader.start();
     this.#log.info("worker started", {
       workflows: this.#registry.list(),
       concurrency,
@@ -270,11 +319,7 @@ export class Worker implements Service {
     this.#stopping.abort();
     for (const t of this.#timers) clearTimeout(t);
     this.#timers.clear();
-    await Promise.all([
-      ...this.#loops,
-      this.#reclaimer.stop(),
-      this.#slotReconciler?.stop(),
-    ]);
+    await Promise.all([...this.#loops, this.#leader.stop()]);
     await this.#listener.stop();
     if (this.#inFlight.size > 0) {
       this.#log.info("waiting for runs in flight", { runs: this.#inFlight.size });
@@ -284,6 +329,7 @@ export class Worker implements Service {
       timeout.abort();
     }
     await this.#finisher.releaseUnfinished([...this.#inFlight.values()]);
+    await this.#renewer.stop();
     await this.#presence.stop();
   });
 
@@ -304,6 +350,7 @@ export class Worker implements Service {
     // database's own expiry, so this worker gives up no later than it must.
     const attempt = newAttempt(run, claimedAt, this.#opts.leaseMs, this.#log);
     this.#inFlight.set(attempt.key, attempt);
+    this.#renewer.add(attempt);
     this.#handlers++;
     attempt.finished = this.#runOne(attempt)
       .catch((err) => {
@@ -316,6 +363,7 @@ export class Worker implements Service {
       .finally(() => {
         this.#settle(attempt);
         attempt.done.abort();
+        this.#renewer.remove(attempt);
         this.#inFlight.delete(attempt.key);
         this.#sleep.wake();
       });
@@ -333,11 +381,10 @@ export class Worker implements Service {
     this.#sleep.wake();
   }
 
-  /** Executes one claimed attempt: heartbeat beside the handler, then the finishing write. */
+  /** Executes one claimed attempt (its lease renewed meanwhile), then the finishing write. */
   async #runOne(attempt: Attempt): Promise<void> {
     const { run } = attempt;
-    const { id, leaseMs, hooks } = this.#opts;
-    const beat = heartbeatLoop(attempt, { sql: this.#sql, owner: id, leaseMs, hooks });
+    const { id } = this.#opts;
     try {
       attempt.log.debug("run started", {
         workflow: `${run.workflow_name}@${run.workflow_version}`,
@@ -351,7 +398,7 @@ export class Worker implements Service {
       await this.#finisher.finish(attempt, outcome);
     } finally {
       attempt.done.abort();
-      await beat;
+      this.#renewer.remove(attempt);
     }
   }
 }

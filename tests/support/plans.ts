@@ -12,7 +12,7 @@ import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../../db/admis
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../../db/attempt_end.ts";
 import { requestCancel } from "../../db/cancellation.ts";
 import { claimLimitedRuns, claimRuns } from "../../db/claims.ts";
-import { heartbeat, reclaimExpired } from "../../db/leases.ts";
+import { heartbeat, reclaimExpired, renewLeases } from "../../db/leases.ts";
 import { queueCounts } from "../../db/queue_stats.ts";
 import { selectUnhostedQueues } from "../../db/catalog.ts";
 import {
@@ -145,6 +145,19 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: heartbeat",
       call: (sql) => heartbeat(sql, s.tenant, s.runningRun, s.owner, s.attempt, lease),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "queue: renewLeases, a worker's batch (one run of it still its own)",
+      call: (sql) =>
+        renewLeases(sql, s.owner, [
+          { tenant_id: s.tenant, run_id: s.runningRun, attempt: s.attempt },
+          ...Array.from({ length: 31 }, (_, i) => ({
+            tenant_id: `t${String(i % TENANTS).padStart(2, "0")}`,
+            run_id: crypto.randomUUID(),
+            attempt: 1,
+          })),
+        ], lease),
       indexes: { runs: ["runs_pkey"] },
     },
     {
