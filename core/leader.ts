@@ -17,7 +17,7 @@
 import type { Logger } from "./log.ts";
 import { once, type Service } from "./lifecycle.ts";
 import { delay } from "./time.ts";
-import type { ReservedSql, Sql } from "../db/pool.ts";
+import type { Sql } from "../db/pool.ts";
 import {
   holdsLeaderLock,
   type LeaderRole,
@@ -31,12 +31,11 @@ export interface LeaderElectorOptions {
   /**
    * Opens the session the lock is held on: a pool of one connection of its
    * own, ended when leadership ends (so a session in doubt is closed, and
-   * its lock freed, with it). Without it, a connection of `pool` is
-   * reserved instead.
+   * its lock freed, with it). Never a connection reserved from a shared
+   * pool: a reserved connection has no guard against a kill
+   * (vendor/postgres/PATCHES.md) and would go back to the pool closed.
    */
-  connect?: () => Sql;
-  /** Reserved from when there is no `connect`. */
-  pool?: Sql;
+  connect: () => Sql;
   /** Mean time between two tries of a follower, and two checks of the leader (jittered ±25%). */
   retryMs: number;
   log: Logger;
@@ -45,7 +44,7 @@ export interface LeaderElectorOptions {
 }
 
 interface Session {
-  sql: Sql | ReservedSql;
+  sql: Sql;
   /** Closes it for good: the lock goes with it. */
   end(): Promise<void>;
 }
@@ -62,7 +61,6 @@ export class LeaderElector implements Service {
   #started = false;
 
   constructor(opts: LeaderElectorOptions) {
-    if (!opts.connect && !opts.pool) throw new TypeError("LeaderElector: connect or pool needed");
     this.#opts = opts;
   }
 
@@ -107,20 +105,9 @@ export class LeaderElector implements Service {
     }
   }
 
-  async #open(): Promise<Session> {
-    const { connect, pool } = this.#opts;
-    if (connect) {
-      const sql = connect();
-      return { sql, end: () => sql.end({ timeout: 0 }) };
-    }
-    const sql = await pool!.reserve();
-    return {
-      sql,
-      end: () => {
-        sql.release();
-        return Promise.resolve();
-      },
-    };
+  #open(): Promise<Session> {
+    const sql = this.#opts.connect();
+    return Promise.resolve({ sql, end: () => sql.end({ timeout: 0 }) });
   }
 
   async #try(): Promise<void> {
@@ -128,8 +115,6 @@ export class LeaderElector implements Service {
     try {
       this.#session ??= await this.#withTimeout(this.#open());
       if (!await this.#withTimeout(tryLeaderLock(this.#session.sql, role))) {
-        // A follower's reserved connection goes back to the pool between tries.
-        if (!this.#opts.connect) await this.#close();
         return;
       }
     } catch (error) {
@@ -183,7 +168,7 @@ export class LeaderElector implements Service {
       }
     }));
     // Given up even when lost: a check that hung may have left the session
-    // alive, and a reserved connection goes back to a pool.
+    // alive; ending the session frees it too, but only once the pool closes it.
     if (wasLeader && this.#session) {
       try {
         await this.#withTimeout(releaseLeaderLock(this.#session.sql, this.#opts.role));

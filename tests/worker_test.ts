@@ -59,7 +59,11 @@ async function setup(
 }
 
 function worker(sql: Sql, opts: Partial<WorkerOptions> = {}, registry = builtinRegistry()) {
+  // The leader's session: a one-connection pool of its own on the same database.
+  const { host, port, user, database } = sql.options;
+  const url = `postgres://${user}@${host[0]}:${port[0]}/${database}`;
   return new Worker(sql, registry, {
+    leaderSession: () => createPool({ url, max: 1, applicationName: "worker-test-leader" }),
     id: `w-${crypto.randomUUID().slice(0, 8)}`,
     concurrency: 4,
     leaseMs: 30_000,
@@ -239,13 +243,23 @@ Deno.test("worker: 200 runs shared by 3 worker processes each run exactly once, 
          group by run_id having count(*) <> 1) d`;
     assert.equal(dup, 0);
     log.info("queue throughput, 3 worker processes", { runs: 200, ...await executionSpan(db.sql) });
+    // The queue-wide gauges come from the elected leader alone; every worker
+    // says whether it is the leader.
+    const leaderMetrics = await waitFor("the leader's metrics served", async () => {
+      for (const port of ports) {
+        const res = await fetch(`http://127.0.0.1:${port}/metrics`).catch(() => undefined);
+        const text = res?.ok ? await res.text() : (await res?.body?.cancel(), undefined);
+        if (text && /^poimen_worker_leader 1$/m.test(text)) return text;
+      }
+      return undefined;
+    }, 10_000);
+    assert.match(leaderMetrics, /^poimen_runs\{status="queued"\} 0$/m);
+    assert.match(leaderMetrics, /^poimen_runs\{status="running"\} 0$/m);
+    assert.match(leaderMetrics, /^poimen_queue_oldest_due_age_seconds 0$/m);
     const metrics = await waitFor("metrics served", async () => {
       const res = await fetch(`http://127.0.0.1:${metricsPort}/metrics`);
       return res.ok ? await res.text() : (await res.body?.cancel(), undefined);
     }, 10_000);
-    assert.match(metrics, /^poimen_runs\{status="queued"\} 0$/m);
-    assert.match(metrics, /^poimen_runs\{status="running"\} 0$/m);
-    assert.match(metrics, /^poimen_queue_oldest_due_age_seconds 0$/m);
     assert.match(metrics, /^poimen_worker_claims_total \d+$/m);
     // Two fast workers can finish all 200 before the third is up: a SIGTERM
     // before a process handles it is not what this test is about.

@@ -93,9 +93,9 @@ export interface WorkerOptions {
   leaderRetryMs?: number;
   /**
    * Opens a one-connection pool the leader's lock is held on (ended when
-   * leadership ends); without it, a connection of the main pool is reserved.
+   * leadership ends): `workerPools` makes it.
    */
-  leaderSession?: () => Sql;
+  leaderSession: () => Sql;
   /**
    * Opens a pool used only for LISTEN, so a failed LISTEN is retried on a
    * fresh pool (db/listener.ts); without it, the worker listens on the main
@@ -114,8 +114,8 @@ export class Worker implements Service {
   readonly #sql: Sql;
   readonly #registry: WorkflowRegistry;
   readonly #opts:
-    & Required<Omit<WorkerOptions, "hooks" | "listener" | "leaderRetryMs" | "leaderSession">>
-    & Pick<WorkerOptions, "listener" | "leaderRetryMs" | "leaderSession">
+    & Required<Omit<WorkerOptions, "hooks" | "listener" | "leaderRetryMs">>
+    & Pick<WorkerOptions, "listener" | "leaderRetryMs">
     & { hooks: WorkerHooks };
   readonly #log: Logger;
   readonly #inFlight = new Map<string, Attempt>();
@@ -199,7 +199,7 @@ export class Worker implements Service {
     });
     this.#leader = new LeaderElector({
       role: "worker",
-      ...(opts.leaderSession ? { connect: opts.leaderSession } : { pool: sql }),
+      connect: opts.leaderSession,
       retryMs: opts.leaderRetryMs ?? this.#opts.reclaimMs,
       log: this.#log,
       onChange: (leader) => this.#opts.hooks.onLeader?.(leader),
