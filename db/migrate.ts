@@ -14,7 +14,7 @@
  * (what `CREATE INDEX CONCURRENTLY` needs) runs statement by statement on one
  * session holding the session-level lock across them: a pool of one
  * connection the runner opens for the run and ends after, never shared (not
- * `sql.reserve()`, which has no guard against a killed connection:
+ * a reserved connection of the shared pool, which has no guard against a killed connection:
  * vendor/postgres/PATCHES.md). When that connection closes the run stops with
  * an error rather than go on, unlocked, on the session the pool would open
  * next; each statement first checks that its session still holds the lock.

@@ -43,7 +43,7 @@ export interface SessionPoolOptions {
  * for one caller alone, for work that must stay on one session outside a
  * transaction (a session-level lock held across statements). It never idles
  * or ages out, so only a failure closes it; the caller must end it. Unlike
- * `sql.reserve()` (see vendor/postgres/PATCHES.md) nobody else is ever given
+ * a reserved connection of a shared pool (vendor/postgres/PATCHES.md), nobody else is ever given
  * its connection, and `onclose` tells the caller its session is gone before
  * the pool would open a new one for its next statement.
  */
