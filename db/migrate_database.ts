@@ -11,7 +11,7 @@
  * const applied = await migrateDatabase("postgres://poimen@127.0.0.1:5432/poimen");
  * ```
  *
- * Several processes may call it at once (they queue on an advisory lock) and
+ * Several processes may call it at once (they take turns on an advisory lock) and
  * calling it again applies nothing. A migration waits at most `lockTimeoutMs`
  * for each lock it needs (so a long transaction holding one never queues the
  * application behind the migration), then rolls back and tries again. The permissions it needs are
@@ -45,9 +45,10 @@ export interface MigrateDatabaseOptions extends MigrateOptions {
  * must exist, each in its own transaction (or, for a file that says so,
  * statement by statement); returns the versions this call applied (empty
  * when the schema was already up to date). It opens one connection of its
- * own and closes it before returning, also on failure, when it rejects with
- * the driver's error (or one saying a lock never came in `lockAttempts`
- * tries).
+ * own (and one more while a no-transaction file runs) and closes them before
+ * returning, also on failure, when it rejects with the driver's error (or one
+ * saying a lock never came in `lockAttempts` tries, or that a no-transaction
+ * file lost its connection).
  */
 export async function migrateDatabase(
   databaseUrl: string,

@@ -8,8 +8,6 @@ import { PoimenError } from "../core/errors.ts";
 
 export type Sql = postgres.Sql;
 export type TransactionSql = postgres.TransactionSql;
-/** One connection of the pool, kept for a caller until it calls `release()`. */
-export type ReservedSql = postgres.ReservedSql;
 /** A value for `sql.json()`: sent as one jsonb parameter. */
 export type JSONValue = postgres.JSONValue;
 
@@ -29,6 +27,40 @@ export function createPool(opts: PoolOptions): Sql {
     onnotice: () => {},
     connection: { application_name: opts.applicationName },
   });
+}
+
+/** What {@link createSessionPool} needs besides the pool whose settings it copies. */
+export interface SessionPoolOptions {
+  /** Told when the session's connection closes, whatever closed it (not after {@link Sql.end}). */
+  onclose: () => void;
+  /** Run-time parameters the session starts with (sent at connect, so a new session has them too). */
+  parameters?: Record<string, string>;
+}
+
+/**
+ * Opens a pool of one connection with `from`'s connection settings (hosts,
+ * port, database, user, password, TLS, types, application name): a session
+ * for one caller alone, for work that must stay on one session outside a
+ * transaction (a session-level lock held across statements). It never idles
+ * or ages out, so only a failure closes it; the caller must end it. Unlike
+ * a reserved connection of a shared pool (vendor/postgres/PATCHES.md), nobody else is ever given
+ * its connection, and `onclose` tells the caller its session is gone before
+ * the pool would open a new one for its next statement.
+ */
+export function createSessionPool(from: Sql, opts: SessionPoolOptions): Sql {
+  const parsed = from.options;
+  // Parsed options are taken as they are (postgres.js does the same for its
+  // replication connection); its per-pool state must be fresh.
+  return postgres({
+    ...parsed,
+    shared: { retries: 0, typeArrayMap: {} },
+    parameters: {},
+    max: 1,
+    idle_timeout: null,
+    max_lifetime: null,
+    connection: { ...parsed.connection, ...opts.parameters },
+    onclose: opts.onclose,
+  } as unknown as postgres.Options<Record<string, postgres.PostgresType>>);
 }
 
 // SQLSTATE classes that mean "the database is not there right now" rather

@@ -358,3 +358,100 @@ Deno.test("migrate: a failed concurrent build is not recorded, and the next run 
     await db.drop();
   }
 });
+
+Deno.test("migrate: two migrators racing over a no-transaction file and transactional ones apply each exactly once, and the one waiting for the lock never deadlocks the other's concurrent build", async () => {
+  const db = await freshDatabase();
+  const pools = [0, 1].map(() =>
+    createPool({ url: db.url, max: 2, applicationName: "poimen-test-migrator" })
+  );
+  try {
+    for (const round of [0, 1, 2]) {
+      const table = `migrate_race_${round}`;
+      // Every file leaves a row per run: a second run of any of them shows.
+      const files = [
+        testMigration(
+          10 + 3 * round,
+          "race_before",
+          `create table ${table} (what text not null);\ninsert into ${table} values ('before');\n`,
+        ),
+        testMigration(
+          11 + 3 * round,
+          "race_concurrent",
+          `${NO_TRANSACTION_DIRECTIVE}\ninsert into ${table} values ('no-transaction');\n` +
+            // Holds the session lock long enough for the other to wait for it.
+            "select pg_sleep(0.3);\n" +
+            `create index concurrently if not exists ${table}_idx on runs (created_at);\n`,
+        ),
+        testMigration(12 + 3 * round, "race_after", `insert into ${table} values ('after');\n`),
+      ];
+      const logs = pools.map(() => capturedLog());
+      const applied = await Promise.all(
+        pools.map((sql, i) => migrate(sql, [...loadMigrations(), ...files], logs[i].log)),
+      );
+      assert.deepEqual(
+        applied.flat().sort((a, b) => a - b),
+        files.map((f) => f.version),
+        `round ${round}: applied ${JSON.stringify(applied)}`,
+      );
+      const rows = await db.sql.unsafe(`select what from ${table} order by what`);
+      assert.deepEqual(rows.map((r) => r.what), ["after", "before", "no-transaction"]);
+      const [index] = await db.sql`
+        select indisvalid from pg_index where indexrelid = to_regclass(${`${table}_idx`})`;
+      assert.equal(index?.indisvalid, true);
+      // A deadlock would have shown as a retry.
+      assert.deepEqual(logs.flatMap((l) => l.lines.filter((x) => x.level === "warn")), []);
+    }
+  } finally {
+    await Promise.all(pools.map((p) => p.end({ timeout: 5 })));
+    await db.drop();
+  }
+});
+
+Deno.test("migrate: a no-transaction file whose connection is killed between statements stops the run unrecorded, not going on unlocked on a new session", async () => {
+  const db = await freshDatabase();
+  const holder = createPool({ url: db.url, max: 1, applicationName: "poimen-test-holder" });
+  try {
+    await db.sql`create table migrate_kill (id integer)`;
+    // Holds a lock a concurrent build waits for: the build times out and waits to try again.
+    await holder.unsafe("begin");
+    await holder`lock table migrate_kill in share mode`;
+    const m = testMigration(
+      20,
+      "killed_session",
+      `${NO_TRANSACTION_DIRECTIVE}\n` +
+        "create index concurrently if not exists migrate_kill_idx on migrate_kill (id);\n" +
+        "insert into migrate_kill values (1);\n",
+    );
+    const { log, lines } = capturedLog();
+    const migrating = migrate(db.sql, [...loadMigrations(), m], log, {
+      lockTimeoutMs: 100,
+      lockAttempts: 5,
+      retryBaseMs: 1_500,
+      retryCapMs: 1_500,
+    });
+    const outcome = migrating.then(() => "resolved", (err: Error) => err);
+    await waitFor("the build to time out", () => lines.some((l) => l.level === "warn"), 10_000, 10);
+    // Its session, idle in the backoff, is the one holding the migration lock.
+    const killed = await db.sql`
+      select pg_terminate_backend(pid) as done from pg_locks
+       where locktype = 'advisory' and granted
+         and database = (select oid from pg_database where datname = current_database())`;
+    assert.deepEqual(killed.map((k) => k.done), [true]);
+    // From here the build would succeed on any session.
+    await holder.unsafe("commit");
+
+    const err = await outcome;
+    assert.ok(err instanceof Error, `migrate ${err}`);
+    assert.match(err.message, /lost its database connection/);
+    const [recorded] = await db.sql`select 1 from schema_migrations where version = ${m.version}`;
+    assert.equal(recorded, undefined);
+    const [index] = await db.sql`select to_regclass('migrate_kill_idx') as oid`;
+    assert.equal(index.oid, null, "a statement ran on the new session, without the lock");
+    const [{ n }] = await db.sql`select count(*)::int as n from migrate_kill`;
+    assert.equal(n, 0);
+  } finally {
+    await holder.unsafe("rollback").catch(() => {});
+    await holder.end({ timeout: 5 });
+    await db.drop();
+  }
+});
