@@ -59,6 +59,9 @@ export const MIGRATE_DEFAULTS: Required<MigrateOptions> = {
   retryCapMs: 15 * SECOND,
 };
 
+// How often a migrator waiting for another one asks for the lock again.
+const ADVISORY_LOCK_POLL_MS = 100;
+
 // lock_not_available (lock_timeout ran out) and deadlock_detected: the
 // statement was rolled back and nothing of it remains, so it can run again.
 const RETRYABLE_SQLSTATE = new Set(["55P03", "40P01"]);
@@ -82,8 +85,14 @@ export async function migrate(
   const applied: number[] = [];
   const conn = await sql.reserve();
   try {
-    // Waiting for another migrator has no lock_timeout: it blocks no one else.
-    await conn`select pg_advisory_lock(${MIGRATION_LOCK_KEY})`;
+    // Waiting for another migrator has no lock_timeout: it blocks no one
+    // else. Polled, not waited for in one statement: a waiting statement
+    // holds a snapshot, and the other migrator's CREATE INDEX CONCURRENTLY
+    // waits for every older snapshot to end (a deadlock).
+    while (!(await conn<{ got: boolean }[]>`
+      select pg_try_advisory_lock(${MIGRATION_LOCK_KEY}) as got`)[0].got) {
+      await delay(ADVISORY_LOCK_POLL_MS);
+    }
     let failed = true;
     try {
       await conn.unsafe(`set lock_timeout = ${Math.max(1, Math.floor(opts.lockTimeoutMs))}`);

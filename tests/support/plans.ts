@@ -8,6 +8,7 @@
 import { BUILTIN_HOSTED } from "./catalog.ts";
 import postgres from "postgres";
 import type { Sql } from "../../db/pool.ts";
+import { laneQueuedRuns } from "./db.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../../db/admission.ts";
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../../db/attempt_end.ts";
 import { requestCancel } from "../../db/cancellation.ts";
@@ -49,10 +50,10 @@ export interface Captured {
 }
 
 /** The tables whose scans are checked: a statement not naming one must not read it. */
-export const RELATIONS = ["runs", "work_events", "concurrency_slots"] as const;
+export const RELATIONS = ["runs", "work_events", "concurrency_slots", "queue_lanes"] as const;
 export type Relation = typeof RELATIONS[number];
 
-/** A statement and where its scans of `runs`, `work_events` and `concurrency_slots` must go. */
+/** A statement and where its scans of `runs`, `work_events`, `concurrency_slots` and `queue_lanes` must go. */
 export interface HotStatement {
   name: string;
   /** Issues the statement through `sql` (inside a transaction that is rolled back). */
@@ -120,14 +121,17 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
+      indexes: {
+        runs: ["runs_queued_workflow_idx"],
+        queue_lanes: ["queue_lanes_ready_idx", "Tid Scan"],
+      },
     },
     {
       name: "queue: claimLimitedRuns",
       call: (sql) => claimLimitedRuns(sql, "plan-test", 16, lease, LIMITED_HOSTED),
       indexes: {
         runs: ["runs_queued_key_idx"],
-        concurrency_slots: ["concurrency_slots_ready_idx"],
+        concurrency_slots: ["concurrency_slots_due_idx", "Tid Scan"],
       },
     },
     {
@@ -460,8 +464,12 @@ export async function addRuns(sql: Sql, from: number, to: number): Promise<void>
                         where w.tenant_id = r.tenant_id and w.run_id = r.run_id)`;
 }
 
-/** The concurrency groups' counts as the bulk runs make them, limit 2 (some full, some not). */
+/**
+ * The concurrency groups' counts as the bulk runs make them, limit 2 (some
+ * full, some not), and the lanes of their unlimited queued runs.
+ */
 export async function countSlots(sql: Sql): Promise<void> {
+  await laneQueuedRuns(sql);
   await sql`
     insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
                                    running, queued)
