@@ -187,7 +187,7 @@ export async function claimRuns(
     lane_next as (
       select s.seen,
              case when coalesce(n.taken, 0) >= s.share then now()
-                  else coalesce(greatest(now(), (
+                  else greatest(now(), coalesce((
                          select min(x.run_after) from ${sql.unsafe(PRIORITIES)}
                           cross join lateral (
                                 select r.run_after from runs r
@@ -200,7 +200,7 @@ export async function claimRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) x)), 'infinity') end as ready_at
+                                 limit 1) x), 'infinity')) end as ready_at
         from shares s
         left join (select tenant_id, workflow_name, workflow_version, count(*)::int as taken
                      from claimed group by 1, 2, 3) n
@@ -307,7 +307,7 @@ export async function claimLimitedRuns(
              coalesce(n.taken, 0) as taken,
              case when not exists (select 1 from concurrency_slots x where x.ctid = g.at)
                   then now()
-                  else coalesce(greatest(now(), (
+                  else greatest(now(), coalesce((
                          select min(y.run_after) from ${sql.unsafe(PRIORITIES)}
                           cross join lateral (
                                 select r.run_after from runs r
@@ -320,7 +320,7 @@ export async function claimLimitedRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) y)), 'infinity') end as due_at
+                                 limit 1) y), 'infinity')) end as due_at
         from groups g
         left join (select tenant_id, workflow_name, concurrency_key, count(*)::int as taken
                      from claimed group by 1, 2, 3) n

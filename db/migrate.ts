@@ -89,8 +89,10 @@ export async function migrate(
     // else. Polled, not waited for in one statement: a waiting statement
     // holds a snapshot, and the other migrator's CREATE INDEX CONCURRENTLY
     // waits for every older snapshot to end (a deadlock).
-    while (!(await conn<{ got: boolean }[]>`
-      select pg_try_advisory_lock(${MIGRATION_LOCK_KEY}) as got`)[0].got) {
+    while (
+      !(await conn<{ got: boolean }[]>`
+      select pg_try_advisory_lock(${MIGRATION_LOCK_KEY}) as got`)[0].got
+    ) {
       await delay(ADVISORY_LOCK_POLL_MS);
     }
     let failed = true;

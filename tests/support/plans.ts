@@ -403,6 +403,48 @@ export async function explain(sql: Sql, stmt: Captured, mode: PlanMode): Promise
   }
 }
 
+/**
+ * Prepares `stmt` as the driver would and runs it under `EXPLAIN (ANALYZE,
+ * BUFFERS)` with its custom plan, in a transaction rolled back: the plan
+ * with its actual row and buffer counts, and how many rows it returned.
+ */
+export async function explainAnalyze(
+  sql: Sql,
+  stmt: Captured,
+): Promise<{ plan: PlanNode; result: number }> {
+  const conn = await sql.reserve();
+  try {
+    await conn.unsafe("begin");
+    const declared = stmt.types.map((t) => t ? `${t}::regtype` : "'unknown'::regtype");
+    const [{ types }] = await conn.unsafe<{ types: string }[]>(
+      `select array_to_string(array[${
+        declared.join(", ") || "null::regtype"
+      }]::regtype[], ',') as types`,
+    );
+    await conn.unsafe(`prepare plan_check${stmt.types.length ? `(${types})` : ""} as ${stmt.text}`);
+    const [{ inferred }] = await conn.unsafe<{ inferred: string[] }[]>(
+      `select parameter_types::text[] as inferred from pg_prepared_statements
+        where name = 'plan_check'`,
+    );
+    const args = stmt.parameters.map((v, i) =>
+      v === null || v === undefined
+        ? `null::${inferred[i]}`
+        : `'${String(v).replaceAll("'", "''")}'::${inferred[i]}`
+    );
+    const [row] = await conn.unsafe(
+      `explain (analyze, buffers, format json) execute plan_check${
+        args.length ? `(${args.join(", ")})` : ""
+      }`,
+    );
+    const plan = (row["QUERY PLAN"] as { Plan: PlanNode }[])[0].Plan;
+    return { plan, result: (plan as PlanNode & { "Actual Rows": number })["Actual Rows"] };
+  } finally {
+    await conn.unsafe("rollback").catch(() => {});
+    await conn.unsafe("deallocate plan_check").catch(() => {});
+    conn.release();
+  }
+}
+
 /** Every node of the plan that reads a table or an index. */
 export function scans(node: PlanNode, out: PlanNode[] = []): PlanNode[] {
   if (node["Relation Name"] !== undefined || node["Index Name"] !== undefined) out.push(node);
