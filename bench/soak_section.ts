@@ -13,12 +13,14 @@
  */
 import { createPool, type Sql } from "../db/pool.ts";
 import { claimRuns } from "../db/claims.ts";
-import { claimPendingEvents, markPublished } from "../db/outbox.ts";
+import { claimPendingEvents, markPublished, OUTBOX_SHARDS } from "../db/outbox.ts";
 import { purgeFinishedRuns } from "../db/retention.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { type BenchContext, check, log, type SoakSample } from "./run_context.ts";
 import { createDb } from "./scenario_support.ts";
 import { startOwnPostgres } from "./own_postgres.ts";
+
+const ALL_SHARDS = Array.from({ length: OUTBOX_SHARDS }, (_, i) => i);
 import {
   admitAll,
   benchKernel,
@@ -71,7 +73,12 @@ export async function soakSection(ctx: BenchContext) {
       loops.push((async () => {
         while (!stopping) {
           const shipped = await sql.begin(async (tx) => {
-            const events = await claimPendingEvents(tx, 500, 1024 * 1024);
+            // Every shard, on this transaction's session: the only publisher.
+            const [{ pid }] = await tx<{ pid: number }[]>`select pg_backend_pid() as pid`;
+            const events = await claimPendingEvents(tx, 500, 1024 * 1024, {
+              shards: ALL_SHARDS,
+              pid,
+            });
             return await markPublished(tx, events);
           });
           if (shipped === 0) await delay(200);

@@ -7,7 +7,7 @@
  */
 import type postgres from "postgres";
 import type { Sql } from "./pool.ts";
-import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves } from "./queue_sql.ts";
 
 // postgres.js serializes a jsonb parameter itself (JSON.stringify): pass the
 // value, never a string of it, or it is stored as a JSON string. Round-trip
@@ -27,7 +27,10 @@ const ENDED_SLOTS = slotCountMoves(
   "upd",
   "-1",
   "case when status = 'queued' then 1 else 0 end",
+  QUEUED_AT,
 );
+// An unlimited run back in the queue lowers its lane (db/queue_sql.ts).
+const ENDED_LANES = laneMoves("upd", QUEUED_AT);
 
 /** One run's completion in a `completeRuns` batch. */
 export interface Completion {
@@ -208,9 +211,11 @@ export async function failAttempt(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
-                run_after, error, cancel_requested_at, workflow_name, concurrency_key
+                run_after, error, cancel_requested_at, workflow_name, workflow_version,
+                concurrency_key
     ),
     ${sql.unsafe(ENDED_SLOTS)},
+    ${sql.unsafe(ENDED_LANES)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,
@@ -264,9 +269,10 @@ export async function releaseRun(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at,
-                workflow_name, concurrency_key
+                run_after, workflow_name, workflow_version, concurrency_key
     ),
     ${sql.unsafe(ENDED_SLOTS)},
+    ${sql.unsafe(ENDED_LANES)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,

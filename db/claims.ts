@@ -3,7 +3,7 @@
  * lease (see db/queue_sql.ts for the queue as a whole).
  */
 import type { Sql } from "./pool.ts";
-import { EVENT_COLUMNS, QUEUED_TENANTS, slotCountMoves, tenantScan } from "./queue_sql.ts";
+import { EVENT_COLUMNS, updateThroughKey } from "./queue_sql.ts";
 
 /** A run a worker just claimed: what it needs to execute it. */
 export interface ClaimedRun {
@@ -37,17 +37,12 @@ export interface HostedVersions {
 /**
  * The CTE `claimed`: the rows of a CTE `picked` (whole `runs` rows, locked
  * by the statement) made `running` under `owner`'s lease, their attempt
- * counted. Updated through `INSERT … ON CONFLICT (tenant_id, run_id) DO
- * UPDATE`, which always conflicts (each row exists and is locked by this
- * statement): the executor finds each row by probing the primary key. An
- * `UPDATE … FROM` the picked rows is a join the planner may hash over a
- * sequential scan of `runs` when the table looks small, and a prepared
- * statement keeps that plan as the table grows.
+ * counted. Through `updateThroughKey` (db/queue_sql.ts): each row is found
+ * by a probe of the primary key whatever the plan.
  */
 function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
   return sql`claimed as (
-  insert into runs select * from picked
-  on conflict (tenant_id, run_id) do update
+  ${sql.unsafe(updateThroughKey("runs", "tenant_id, run_id", "select * from picked"))}
      set status = 'running',
          attempts = runs.attempts + 1,
          lease_owner = ${owner},
@@ -76,29 +71,56 @@ select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, 
   from claimed`;
 }
 
+// The locked lanes' rows, by their key (db/queue_sql.ts updateThroughKey).
+const LANES_PUSHED = updateThroughKey(
+  "queue_lanes",
+  "tenant_id, workflow_name, workflow_version",
+  "select * from lane_locks order by 1, 2, 3",
+);
+const GROUPS_SERVED = updateThroughKey(
+  "concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running)",
+  "tenant_id, workflow_name, concurrency_key",
+  "select tenant_id, workflow_name, concurrency_key, 1 from group_next order by 1, 2, 3",
+);
+
+// The priorities a run may have (migration 011), highest first: a lane's or
+// group's queued runs are one index range per priority, in run_after order,
+// so "its due runs" and "its next run" are one short probe per priority
+// whatever waits behind them (not-due runs of a higher priority are never
+// read past).
+const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
+
 /**
  * Claims up to `limit` due queued runs of the `hosted` versions (none with a
  * concurrency limit: see `claimLimitedRuns`) for `owner`, fairly across
- * tenants:
- * each becomes `running` with a lease of `leaseMs`, its attempt counted, and
- * a `run.started` event `{attempt, worker}` appended.
+ * tenants: each becomes `running` with a lease of `leaseMs`, its attempt
+ * counted, and a `run.started` event `{attempt, worker}` appended.
  *
- * Fair: the tenants with due runs take turns, not the oldest runs of all
- * (one tenant's backlog of 100,000 would make every other tenant wait until
- * it drained). Each of the `limit` slots goes to the tenant it leaves with
- * the fewest runs in flight (ties: the tenant whose oldest due run waited
- * longest): a tenant with nothing running comes first, a tenant with a
- * backlog gets what the others leave, and with more tenants than slots the
- * ones just served wait for the others, round-robin. Each tenant then takes
- * its share highest priority first, then oldest (a tenant's priorities
- * order its own runs only), skipping rows other workers hold (`FOR UPDATE SKIP
- * LOCKED`); a tenant with fewer due runs than its share leaves those slots
- * empty until the next claim. One tenant alone gets every slot. The cost is
- * one index probe per tenant with queued runs and hosted version, one per
- * run in flight of the tenants in line and one per claimed run. Runs of
- * versions this worker does not host are never read: they wait, with no
- * attempt spent, for a worker that hosts them. The claimed rows are updated
- * by primary-key probes (`claimedFromPicked`).
+ * Who has due work is read from the lanes (migration 016), a row per tenant
+ * and version whose `ready_at` is never later than its earliest queued run:
+ * per hosted version one range of `queue_lanes_ready_idx`, `ready_at <=
+ * now()` in that order, the first `limit` of them. The lanes least recently
+ * served come first (a served lane goes to the back of the line): fair by a
+ * rotating cursor, not by counting anyone's runs. The `limit` slots go round
+ * the lanes in that order (one alone gets them all), and each lane gives its
+ * share highest priority first, then oldest (a tenant's priorities order its
+ * own runs only), skipping rows other claims hold (`FOR UPDATE SKIP LOCKED`);
+ * a lane with fewer due runs than its share leaves those slots empty until
+ * the next claim. Runs of versions this worker does not host are never read.
+ *
+ * Then each served lane is pushed back, in the same statement: to now()
+ * when it gave its whole share or still has a due run, to its next run's
+ * run_after when it has none due, 'infinity' when nothing is queued. Only a
+ * lane whose row is the version this statement's snapshot saw is pushed back
+ * (locked by its ctid, `SKIP LOCKED`): a newer version means a statement
+ * queued a run in it after the snapshot, a run this statement could not see,
+ * so the lane is left as it is, due. A statement that queues a run later
+ * waits for this lock and lowers the lane again (db/queue_sql.ts
+ * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
+ *
+ * The cost: one probe per hosted version, one row per lane served, one probe
+ * per priority of each lane served (two when it ran dry) and one per claimed
+ * run; tenants, lanes and runs that are not due are never read.
  */
 export async function claimRuns(
   sql: Sql,
@@ -108,68 +130,99 @@ export async function claimRuns(
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with recursive versions (name, version) as (
+    with versions (name, version) as (
       select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
     ),
-    ${sql.unsafe(QUEUED_TENANTS)},
-    -- First in line: the tenants with the fewest runs in flight, then the
-    -- longest waiting. No more of them than there are slots. A tenant's runs
-    -- in flight are one range of the running index (migration 011), as long
-    -- as its running runs plus the entries of runs that left since the last
-    -- vacuum; counted only when more than one tenant has due runs (one
-    -- tenant alone gets every slot).
-    served as (
-      select h.tenant_id, h.run_after,
-             case when (select count(*) from heads) > 1
-                  then (select count(*) from runs f
-                         where f.tenant_id collate "C" = h.tenant_id and f.status = 'running'
-                           and f.lease_expires_at is not null)
-                  else 0 end as running
-        from heads h
-       order by 3, 2, 1
+    -- The due lanes, least recently served first: per hosted version one
+    -- range of queue_lanes_ready_idx, then the first of those. Not locked:
+    -- claims of several workers share a lane's runs (each skips the rows
+    -- the others hold).
+    lanes as materialized (
+      select l.*
+        from versions v
+       cross join lateral (
+             select q.tenant_id, q.workflow_name, q.workflow_version, q.ready_at,
+                    q.ctid as seen
+               from queue_lanes q
+              where q.workflow_name = v.name and q.workflow_version = v.version
+                and q.ready_at <= now()
+              order by q.ready_at
+              limit ${limit}) l
+       order by l.ready_at, l.tenant_id
        limit ${limit}
     ),
-    -- Each slot goes to the tenant it leaves with the fewest runs in flight.
+    -- The slots, round-robin over those lanes.
     shares as (
-      select tenant_id, count(*) as share
-        from (select s.tenant_id from served s
+      select tenant_id, workflow_name, workflow_version, seen, count(*)::int as share
+        from (select l.* from lanes l
                cross join generate_series(1, ${limit}::int) k
-               order by s.running + k, s.run_after, s.tenant_id
+               order by k, l.ready_at, l.tenant_id
                limit ${limit}) slot
-       group by tenant_id
+       group by 1, 2, 3, 4
     ),
-    -- Each tenant's share, highest priority then oldest first across the
-    -- versions this worker hosts: each version's first (one index range
-    -- each), then the first of those. A row locked here but not among the
-    -- share is unlocked when the statement commits.
+    -- Each lane's share of due runs, highest priority then oldest: one range
+    -- of runs_queued_workflow_idx per priority. A row locked here but not
+    -- among the share is unlocked when the statement commits.
     picked as (
       select c.*
         from shares s
        cross join lateral (
-             select o.* from versions v
+             select o.* from ${sql.unsafe(PRIORITIES)}
               cross join lateral (
                     select r.* from runs r
                      where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
-                       and r.workflow_name = v.name and r.workflow_version = v.version
-                       and r.run_after <= now()
-                     order by r.priority desc, r.run_after
+                       and r.workflow_name = s.workflow_name
+                       and r.workflow_version = s.workflow_version
+                       and r.priority = p.priority and r.run_after <= now()
+                     order by r.run_after
                      limit s.share
                      for update skip locked) o
               order by o.priority desc, o.run_after
               limit s.share) c
     ),
     ${claimedFromPicked(sql, owner, leaseMs)},
+    -- Each lane's new place in line: now() (the back) when it gave its whole
+    -- share, else its next queued run's run_after (now() if that is due,
+    -- say held by another claim), 'infinity' when none is queued.
+    lane_next as (
+      select s.seen,
+             case when coalesce(n.taken, 0) >= s.share then now()
+                  else greatest(now(), coalesce((
+                         select min(x.run_after) from ${sql.unsafe(PRIORITIES)}
+                          cross join lateral (
+                                select r.run_after from runs r
+                                 where r.tenant_id collate "C" = s.tenant_id
+                                   and r.status = 'queued'
+                                   and r.workflow_name = s.workflow_name
+                                   and r.workflow_version = s.workflow_version
+                                   and r.priority = p.priority
+                                   and not exists (select 1 from claimed c
+                                                    where c.tenant_id = r.tenant_id
+                                                      and c.run_id = r.run_id)
+                                 order by r.run_after
+                                 limit 1) x), 'infinity')) end as ready_at
+        from shares s
+        left join (select tenant_id, workflow_name, workflow_version, count(*)::int as taken
+                     from claimed group by 1, 2, 3) n
+          on n.tenant_id = s.tenant_id and n.workflow_name = s.workflow_name
+         and n.workflow_version = s.workflow_version
+    ),
+    -- Only the lanes still as this statement's snapshot saw them, and not
+    -- held by another statement: see the function's comment.
+    lane_locks as (
+      select q.tenant_id, q.workflow_name, q.workflow_version, n.ready_at
+        from lane_next n
+       cross join lateral (
+             select q.tenant_id, q.workflow_name, q.workflow_version
+               from queue_lanes q where q.ctid = n.seen
+                for update skip locked) q
+    ),
+    lanes_pushed as (
+      ${sql.unsafe(LANES_PUSHED)}
+         set ready_at = excluded.ready_at
+    ),
     ${startedEventsOfClaimed(sql, owner)}`;
 }
-
-// A claimed run is running in its group, no longer queued; the group goes
-// to the back of its tenant's line.
-const READY_TENANTS = tenantScan(
-  "ready_tenants",
-  "concurrency_slots",
-  "queued > 0 and running < max_running",
-);
-const CLAIMED_SLOTS = slotCountMoves("claimed", "1", "-1", "served_at = now()");
 
 /**
  * Claims up to `limit` due queued runs of the `hosted` versions that declare
@@ -180,14 +233,18 @@ const CLAIMED_SLOTS = slotCountMoves("claimed", "1", "-1", "served_at = now()");
  * (`FOR UPDATE SKIP LOCKED`), its room is read from that newest row, and the
  * row's counts move in the same statement as the runs.
  *
- * Fair across tenants and keys: the tenants with groups that have queued
- * runs and room (a loose scan of the slots' ready index) take the slots in
- * turn, least recently served first, and so do a tenant's groups; a group
- * starts its runs highest priority first, then oldest. A group whose
- * queued runs are not due yet is looked at and goes to the back of the
- * line. The cost is one probe per tenant with ready groups and hosted
- * workflow, one per group looked at and one per claimed run: full groups
- * and their backlogs are never read.
+ * Who has due work: the groups with room and queued runs whose `due_at`
+ * (migration 016, never later than their earliest queued run) has come, per
+ * hosted workflow one range of `concurrency_slots_due_idx` in due order, the
+ * first `limit` of them. The slots go round those groups (one run of each,
+ * then a second of each, ...), a group starting its runs highest priority
+ * first, then oldest. Each group looked at goes to the back of the line
+ * (`due_at = now()`) while a due run is left, else to its next run's
+ * run_after ('infinity' when none is queued); a group whose row changed
+ * since this statement's snapshot (a run queued that the snapshot cannot
+ * see) goes to now(), never later. Groups whose runs are not due, full
+ * groups and their backlogs are never read. Fair across groups, not
+ * tenants: a tenant with more due groups gets more of the slots.
  */
 export async function claimLimitedRuns(
   sql: Sql,
@@ -197,64 +254,31 @@ export async function claimLimitedRuns(
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with recursive versions (name, version) as (
+    with versions (name, version) as (
       select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
     ),
     names as (select distinct name from versions),
-    -- The tenants with a group that has queued runs and room: a loose scan
-    -- of concurrency_slots_ready_idx's leading column, one probe per tenant.
-    ${sql.unsafe(READY_TENANTS)},
-    -- Each such tenant's least recently served ready group of a hosted workflow.
-    heads as (
-      select t.tenant_id, h.served_at
-        from ready_tenants t
-       cross join lateral (
-             select min(o.served_at) as served_at
-               from names n
-              cross join lateral (
-                    select s.served_at from concurrency_slots s
-                     where s.tenant_id collate "C" = t.tenant_id and s.workflow_name = n.name
-                       and s.queued > 0 and s.running < s.max_running
-                     order by s.served_at limit 1) o) h
-       where t.tenant_id is not null and h.served_at is not null
-    ),
-    served as (
-      select tenant_id, served_at from heads order by served_at, tenant_id limit ${limit}
-    ),
-    -- The slots, round-robin over those tenants.
-    shares as (
-      select tenant_id, count(*) as share
-        from (select s.tenant_id from served s
-               cross join generate_series(1, ${limit}::int) k
-               order by k, s.served_at, s.tenant_id
-               limit ${limit}) slot
-       group by tenant_id
-    ),
-    -- Each tenant's groups, least recently served first, at most its share,
-    -- each held for the rest of the statement. The room is the locked
-    -- (newest) row's: no other statement moves its counts meanwhile.
+    -- The due groups with room, least recently served first, each held for
+    -- the rest of the statement: the room is the locked (newest) row's.
     groups as materialized (
       select g.*
-        from shares sh
+        from names n
        cross join lateral (
-             select o.* from names n
-              cross join lateral (
-                    select s.tenant_id, s.workflow_name, s.concurrency_key, s.served_at,
-                           s.max_running - s.running as room
-                      from concurrency_slots s
-                     where s.tenant_id collate "C" = sh.tenant_id and s.workflow_name = n.name
-                       and s.queued > 0 and s.running < s.max_running
-                     order by s.served_at
-                     limit sh.share
-                       for update skip locked) o
-              order by o.served_at
-              limit sh.share) g
+             select s.tenant_id, s.workflow_name, s.concurrency_key, s.due_at,
+                    s.max_running - s.running as room, s.ctid as at
+               from concurrency_slots s
+              where s.workflow_name = n.name and s.queued > 0 and s.running < s.max_running
+                and s.due_at <= now()
+              order by s.due_at
+              limit ${limit}
+                for update skip locked) g
+       order by g.due_at, g.tenant_id, g.concurrency_key
+       limit ${limit}
     ),
     -- Each group's next runs (at most its room), highest priority then
-    -- oldest, of the versions this worker hosts; then each tenant's share of
-    -- them, one per group in turn.
+    -- oldest, of the versions this worker hosts; then one per group in turn.
     candidates as (
-      select l.r, g.tenant_id, g.served_at as group_served_at,
+      select l.r, g.due_at, g.tenant_id, g.concurrency_key,
              row_number() over (partition by g.tenant_id, g.workflow_name, g.concurrency_key
                                 order by (l.r).priority desc, (l.r).run_after) as nth
         from groups g
@@ -270,27 +294,54 @@ export async function claimLimitedRuns(
                 for update skip locked) l
     ),
     picked as (
-      select (p.r).*
-        from (select x.r, sh.share,
-                     row_number() over (partition by x.tenant_id
-                                        order by x.nth, x.group_served_at) as turn
-                from candidates x join shares sh on sh.tenant_id = x.tenant_id) p
-       where p.turn <= p.share
+      select (c.r).*
+        from (select * from candidates order by nth, due_at, tenant_id, concurrency_key
+               limit ${limit}) c
     ),
     ${claimedFromPicked(sql, owner, leaseMs)},
-    ${sql.unsafe(CLAIMED_SLOTS)},
-    -- Every group looked at goes to the back of its tenant's line, also one
-    -- that had nothing due (its runs wait for their run_after).
-    turned as (
-      insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running)
-      select tenant_id, workflow_name, concurrency_key, 1 from groups
-       where not exists (select 1 from slot_moves m
-                          where m.tenant_id = groups.tenant_id
-                            and m.workflow_name = groups.workflow_name
-                            and m.concurrency_key = groups.concurrency_key)
-       order by 1, 2, 3
-      on conflict (tenant_id, workflow_name, concurrency_key) do update
-         set served_at = now()
+    -- Per group looked at: the runs it started and its new due time. Its
+    -- next queued run (of any version: another worker may host it) is one
+    -- probe per priority of runs_queued_key_idx.
+    group_next as (
+      select g.tenant_id, g.workflow_name, g.concurrency_key,
+             coalesce(n.taken, 0) as taken,
+             case when not exists (select 1 from concurrency_slots x where x.ctid = g.at)
+                  then now()
+                  else greatest(now(), coalesce((
+                         select min(y.run_after) from ${sql.unsafe(PRIORITIES)}
+                          cross join lateral (
+                                select r.run_after from runs r
+                                 where r.tenant_id collate "C" = g.tenant_id
+                                   and r.workflow_name = g.workflow_name
+                                   and r.concurrency_key = g.concurrency_key
+                                   and r.status = 'queued' and r.concurrency_key is not null
+                                   and r.priority = p.priority
+                                   and not exists (select 1 from claimed c
+                                                    where c.tenant_id = r.tenant_id
+                                                      and c.run_id = r.run_id)
+                                 order by r.run_after
+                                 limit 1) y), 'infinity')) end as due_at
+        from groups g
+        left join (select tenant_id, workflow_name, concurrency_key, count(*)::int as taken
+                     from claimed group by 1, 2, 3) n
+          on n.tenant_id = g.tenant_id and n.workflow_name = g.workflow_name
+         and n.concurrency_key = g.concurrency_key
+    ),
+    -- Moves each group's counts and due time, on the newest version (the one
+    -- locked, maybe newer than the snapshot): updateThroughKey.
+    served_groups as (
+      ${sql.unsafe(GROUPS_SERVED)}
+         set running = concurrency_slots.running + (${sql.unsafe(groupNext("taken"))}),
+             queued = concurrency_slots.queued - (${sql.unsafe(groupNext("taken"))}),
+             due_at = (${sql.unsafe(groupNext("due_at"))}),
+             served_at = now()
     ),
     ${startedEventsOfClaimed(sql, owner)}`;
+}
+
+/** `group_next`'s `col` for the group an upsert of concurrency_slots proposed. */
+function groupNext(col: string): string {
+  return `select n.${col} from group_next n
+           where n.tenant_id = excluded.tenant_id and n.workflow_name = excluded.workflow_name
+             and n.concurrency_key = excluded.concurrency_key`;
 }

@@ -6,7 +6,7 @@
  * one reserved connection (core/leader.ts), never on a pooled one: a lock
  * left on a pooled connection would be held by whatever borrows it next.
  */
-import type { ReservedSql, Sql } from "./pool.ts";
+import type { Sql } from "./pool.ts";
 
 // The advisory lock's first key, fixed for poimen ("poim"): the second key is
 // the role, so other applications' advisory locks on the database do not
@@ -24,7 +24,7 @@ export const LEADER_ROLES = {
 export type LeaderRole = keyof typeof LEADER_ROLES;
 
 /** Takes `role`'s lock for this session if free (or already this session's); whether it did. */
-export async function tryLeaderLock(conn: ReservedSql | Sql, role: LeaderRole): Promise<boolean> {
+export async function tryLeaderLock(conn: Sql, role: LeaderRole): Promise<boolean> {
   const [{ got }] = await conn<{ got: boolean }[]>`
     select pg_try_advisory_lock(${LOCK_SPACE}::int, ${LEADER_ROLES[role]}::int) as got`;
   return got;
@@ -34,7 +34,7 @@ export async function tryLeaderLock(conn: ReservedSql | Sql, role: LeaderRole): 
  * Whether this session holds `role`'s lock: false on a session that is not
  * the one that took it (a pool that reconnected behind the caller's back).
  */
-export async function holdsLeaderLock(conn: ReservedSql | Sql, role: LeaderRole): Promise<boolean> {
+export async function holdsLeaderLock(conn: Sql, role: LeaderRole): Promise<boolean> {
   const [{ held }] = await conn<{ held: boolean }[]>`
     select exists (select 1 from pg_locks
                     where locktype = 'advisory' and pid = pg_backend_pid() and granted
@@ -44,7 +44,7 @@ export async function holdsLeaderLock(conn: ReservedSql | Sql, role: LeaderRole)
 }
 
 /** Gives `role`'s lock up (taken once per session: `tryLeaderLock` is not asked again while held). */
-export async function releaseLeaderLock(conn: ReservedSql | Sql, role: LeaderRole): Promise<void> {
+export async function releaseLeaderLock(conn: Sql, role: LeaderRole): Promise<void> {
   await conn`select pg_advisory_unlock(${LOCK_SPACE}::int, ${LEADER_ROLES[role]}::int)`;
 }
 

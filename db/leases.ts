@@ -5,7 +5,7 @@
  */
 import type { Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
-import { EVENT_COLUMNS, slotCountMoves, tenantScan } from "./queue_sql.ts";
+import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves, tenantScan } from "./queue_sql.ts";
 
 const RUNNING_TENANTS = tenantScan(
   "running_tenants",
@@ -17,7 +17,9 @@ const RECLAIMED_SLOTS = slotCountMoves(
   "upd",
   "-1",
   "case when status = 'queued' then 1 else 0 end",
+  QUEUED_AT,
 );
+const RECLAIMED_LANES = laneMoves("upd", QUEUED_AT);
 
 /** A run whose expired lease `reclaimExpired` took back. */
 export interface ReclaimedRun {
@@ -89,11 +91,13 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
                 runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at,
-                runs.workflow_name, runs.concurrency_key
+                runs.workflow_name, runs.workflow_version, runs.run_after, runs.concurrency_key
     ),
     -- The expired attempt's slot is freed here, once: the run is queued in
-    -- its group again, not counted running twice.
+    -- its group again, not counted running twice; an unlimited run lowers
+    -- its lane.
     ${sql.unsafe(RECLAIMED_SLOTS)},
+    ${sql.unsafe(RECLAIMED_LANES)},
     -- Two CTEs joined: no table is read, whatever the plan.
     reclaimed as (
       select u.*, e.lease_owner as previous_owner

@@ -99,50 +99,108 @@ export const CATALOG_VERSIONS = `versions (name, version) as (
     )`;
 
 /**
+ * The head of an UPDATE of rows that exist, written as an upsert that always
+ * conflicts: `insert into <table> <rows> on conflict (<key>) do update`, the
+ * caller appending `set …`. The one place this shape is chosen, for two
+ * reasons, each proven by a test:
+ *
+ * - the plan: each row is found by a probe of the key's unique index, which
+ *   is how ON CONFLICT works, whatever the statistics. An `UPDATE … FROM` a
+ *   CTE of a few rows is a join the planner hashes over a sequential scan of
+ *   the table when it looks small (tests/db_plans_test.ts catches it for
+ *   `runs` and `queue_lanes`, and `ctid = any(…)` too in generic plans), and
+ *   a prepared statement keeps that plan as the table grows;
+ * - the version: the update lands on the row's newest version whatever the
+ *   statement's snapshot. A plain UPDATE reads rows through the snapshot and
+ *   skips a version committed after it when reached by its ctid: a
+ *   concurrency group locked by a claim may be newer than the claim's
+ *   snapshot (db/claims.ts), and a count moved on an older version would be
+ *   lost (tests/db_flow_control_test.ts counts the drift).
+ *
+ * `rows` yields whole rows in key order (locks in one order: no deadlock);
+ * the proposed row's values reach the update as `excluded`.
+ */
+export function updateThroughKey(table: string, key: string, rows: string): string {
+  return `insert into ${table} ${rows}
+      on conflict (${key}) do update`;
+}
+
+/** A run's due time when the statement left it queued, else null (`laneMoves`, `slotCountMoves`). */
+export const QUEUED_AT = "case when status = 'queued' then run_after end";
+
+/**
+ * A CTE `lane_moves` that lowers the lanes (migration 016) of the unlimited
+ * runs a statement just made queued: per (tenant, workflow version) of
+ * `source` (a CTE returning tenant_id, workflow_name, workflow_version,
+ * concurrency_key and the expression `queuedAt`, e.g. `case when status =
+ * 'queued' then run_after end`: null for a run not queued), `ready_at =
+ * least(ready_at, earliest queuedAt)`, the lane made on its first run. In
+ * key order, so two such statements cannot deadlock.
+ *
+ * Always an update, never skipped when `least` changes nothing: the new row
+ * version is what tells a concurrent claim that a run became queued after its
+ * snapshot (db/claims.ts), and the row lock is what makes a claim's
+ * push-back wait for this statement, or this statement for it.
+ */
+export function laneMoves(source: string, queuedAt: string): string {
+  return `lane_moves as (
+      insert into queue_lanes (tenant_id, workflow_name, workflow_version, ready_at)
+      select tenant_id, workflow_name, workflow_version, min(${queuedAt})
+        from ${source}
+       where concurrency_key is null and ${queuedAt} is not null
+       group by 1, 2, 3
+       order by 1, 2, 3
+      on conflict (tenant_id, workflow_name, workflow_version) do update
+         set ready_at = least(queue_lanes.ready_at, excluded.ready_at)
+    )`;
+}
+
+/**
  * Two CTEs that move the concurrency counts (migration 011) of the limited
  * runs a statement just moved: `slot_moves`, per group of `source` (a CTE
  * returning tenant_id, workflow_name, concurrency_key and, per run, the
  * expressions `running` and `queued` as deltas, e.g. `-1` and `case when
  * status = 'queued' then 1 else 0 end`), and `slot_counts`, which applies
- * them (and `alsoSet`, more assignments, to each group). Runs without a
+ * them. `queuedAt` (as in `laneMoves`) lowers the group's due time
+ * (migration 016) to its runs that went back to the queue. Runs without a
  * concurrency key move nothing.
  *
- * Applied through an always-conflicting upsert (the group's row exists from
- * its first admission), so each row is found by a primary-key probe and
- * the delta lands on its newest version whatever the statement's snapshot;
- * groups are locked in key order, so two such statements cannot deadlock.
- * The deltas ride in a subquery of the CTE, not in the proposed row: were
- * the row missing (a bug), it is made with zero counts, not the deltas.
+ * Applied through `updateThroughKey` (the group's row exists from its first
+ * admission): the delta lands on the row's newest version whatever the
+ * statement's snapshot, and the groups are locked in key order, so two such
+ * statements cannot deadlock. The deltas ride in a subquery of the CTE, not in the proposed
+ * row: were the row missing (a bug), it is made with zero counts, not the
+ * deltas. No clamp at zero: a count that went wrong shows, and the
+ * reconciler corrects it.
  */
 export function slotCountMoves(
   source: string,
   running: string,
   queued: string,
-  alsoSet?: string,
+  queuedAt?: string,
 ): string {
+  const pick = (col: string) =>
+    `(select m.${col} from slot_moves m
+                where m.tenant_id = excluded.tenant_id and m.workflow_name = excluded.workflow_name
+                  and m.concurrency_key = excluded.concurrency_key)`;
   return `slot_moves as (
       select tenant_id, workflow_name, concurrency_key,
-             sum(${running})::int as d_running, sum(${queued})::int as d_queued
+             sum(${running})::int as d_running, sum(${queued})::int as d_queued,
+             min(${queuedAt ?? "null::timestamptz"}) as due_at
         from ${source}
        where concurrency_key is not null
        group by 1, 2, 3
     ),
     slot_counts as (
-      insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running)
-      select tenant_id, workflow_name, concurrency_key, 1 from slot_moves order by 1, 2, 3
-      on conflict (tenant_id, workflow_name, concurrency_key) do update
-         set running = greatest(0, concurrency_slots.running + (
-               select m.d_running from slot_moves m
-                where m.tenant_id = excluded.tenant_id and m.workflow_name = excluded.workflow_name
-                  and m.concurrency_key = excluded.concurrency_key)),
-             queued = greatest(0, concurrency_slots.queued + (
-               select m.d_queued from slot_moves m
-                where m.tenant_id = excluded.tenant_id and m.workflow_name = excluded.workflow_name
-                  and m.concurrency_key = excluded.concurrency_key))${
-    alsoSet
-      ? `,
-             ${alsoSet}`
-      : ""
+      ${
+    updateThroughKey(
+      "concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running)",
+      "tenant_id, workflow_name, concurrency_key",
+      "select tenant_id, workflow_name, concurrency_key, 1 from slot_moves order by 1, 2, 3",
+    )
   }
+         set running = concurrency_slots.running + ${pick("d_running")},
+             queued = concurrency_slots.queued + ${pick("d_queued")},
+             due_at = least(concurrency_slots.due_at, ${pick("due_at")})
     )`;
 }

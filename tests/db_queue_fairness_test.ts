@@ -9,7 +9,7 @@ import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { claimRuns } from "../db/claims.ts";
 import { BUILTIN_HOSTED, catalogOf } from "./support/catalog.ts";
-import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
+import { freshDatabase, laneQueuedRuns, type TestDatabase, waitFor } from "./support/db.ts";
 import { PoimenProcess } from "./support/processes.ts";
 
 const LEASE_MS = 30_000;
@@ -31,6 +31,7 @@ async function backlog(
            'backlog', 3, now() - ${ageSeconds}::float8 * interval '1 second'
                          + g * interval '1 millisecond'
       from generate_series(1, ${n}::int) g`;
+  await laneQueuedRuns(sql, tenant);
 }
 
 /** Admits one run for `tenant` the way the API does; returns its id. */
@@ -90,14 +91,14 @@ Deno.test("fairness: tenants share a claim as evenly as it divides, the longest-
   });
 });
 
-Deno.test("fairness: slots go to the tenants with the fewest runs in flight", async () => {
+Deno.test("fairness: the tenants just served go to the back of the line, a newcomer first", async () => {
   await withDb(async (db) => {
     await backlog(db.sql, "a", 100, 300);
     await backlog(db.sql, "b", 100, 200);
     await claimRuns(db.sql, "w1", 3, LEASE_MS, BUILTIN_HOSTED); // a: 2 running, b: 1
     await backlog(db.sql, "c", 100, 100);
-    // Each slot raises the lowest count: c 0→1, then b 1→2 and c 1→2 (b
-    // waited longer), then a 2→3 (longest waiting among a, b and c at 2).
+    // a and b were served (their lanes went to the back, at that claim's
+    // now()); c has waited 100 s: the slots go round c, a, b, then c again.
     const claimed = await claimRuns(db.sql, "w1", 4, LEASE_MS, BUILTIN_HOSTED);
     assert.deepEqual(countBy(claimed, (r) => r.tenant_id), { a: 1, b: 1, c: 2 });
   });

@@ -33,19 +33,22 @@ import { freshDatabase } from "./support/db.ts";
 
 /**
  * The statements that scan `runs` or `work_events` without naming a tenant,
- * the scans that do not, and why. Three find which tenants have due work —
- * queued runs for the claim, expired leases for the reclaimer, unpublished
- * events for the outbox — each a loose or ordered scan of a partial index
- * (a partitioned table answers it with one scan per partition); every other
- * read of those statements is a tenant's range. The rest are metrics and
- * retention, off every run's path.
+ * the scans that do not, and why. Two find which tenants have due work —
+ * expired leases for the reclaimer, unpublished events for the outbox —
+ * each a loose or ordered scan of a partial index (a partitioned table
+ * answers it with one scan per partition); every other read of those
+ * statements is a tenant's range. The rest are metrics and retention, off
+ * every run's path.
+ *
+ * The claims find who has due work across tenants too, by design, but not
+ * in `runs`: in the small summary tables kept beside it (migration 016), one
+ * range of `queue_lanes_ready_idx` per hosted version and of
+ * `concurrency_slots_due_idx` per hosted workflow, in due order. Those
+ * tables stay whole when `runs` is partitioned by tenant (a row per tenant
+ * and version, or per group), so every read of `runs` a claim makes names
+ * the tenant of the lane or group it serves, as checked here.
  */
 const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
-  "queue: claimRuns": {
-    why: "finds the tenants with due work: the loose scan's probes (every other read is a " +
-      "tenant's range)",
-    via: ["runs via runs_queued_workflow_idx"],
-  },
   "queue: reclaimExpired": {
     why: "finds the tenants with running runs, whose expired leases are due work: the loose " +
       "scan's probes",

@@ -11,7 +11,7 @@ import { z } from "zod";
 import { silentLogger } from "../core/log.ts";
 import { createWorker } from "../worker/run_worker.ts";
 import { defineWorkflow } from "../workflows/define.ts";
-import { freshDatabase, waitFor } from "./support/db.ts";
+import { freshDatabase, laneQueuedRuns, waitFor } from "./support/db.ts";
 import { ApiProcess, newToken, PoimenProcess } from "./support/processes.ts";
 import { localModuleGraph } from "./support/module_graph.ts";
 
@@ -147,6 +147,7 @@ export const echo = defineWorkflow({
       values (${TENANT}, gen_random_uuid(), 'team.greet', 'team.greet', 1, '{"who":"ann"}',
               'test', 3)
       returning run_id`;
+    await laneQueuedRuns(db.sql, TENANT);
     const [row] = await waitFor("the module's run succeeded", async () => {
       if (worker.exited) throw new Error(`worker exited:\n${worker.logs().join("\n")}`);
       const rows = await db.sql<{ status: string; result: unknown }[]>`

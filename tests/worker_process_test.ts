@@ -6,7 +6,7 @@
  * loaded at all.
  */
 import assert from "node:assert/strict";
-import { freshDatabase, waitFor } from "./support/db.ts";
+import { freshDatabase, laneQueuedRuns, waitFor } from "./support/db.ts";
 import { PoimenProcess, runCommand, runFlags } from "./support/processes.ts";
 
 const TENANT = "acme";
@@ -56,6 +56,7 @@ Deno.test("worker process: a --workflows module's handlers cannot read the worke
         returning run_id`;
       ids.set(what, run_id);
     }
+    await laneQueuedRuns(db.sql, TENANT);
     const rows = await waitFor("every run ended", async () => {
       if (worker.exited) throw new Error(`worker exited:\n${worker.logs().join("\n")}`);
       const rows = await db.sql<

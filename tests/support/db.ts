@@ -63,3 +63,21 @@ export async function waitFor<T>(
   }
   throw new Error(`timed out waiting for ${what}${last ? `: ${last}` : ""}`);
 }
+
+/**
+ * The lanes (migration 016) of the queued runs a test wrote straight into
+ * `runs`, as the statements that queue runs keep them: a test that inserts
+ * runs by hand calls this before a claim is to find them (those of `tenant`
+ * only, when given).
+ */
+export async function laneQueuedRuns(sql: Sql, tenant?: string): Promise<void> {
+  await sql`
+    insert into queue_lanes (tenant_id, workflow_name, workflow_version, ready_at)
+    select tenant_id, workflow_name, workflow_version, min(run_after)
+      from runs
+     where status = 'queued' and concurrency_key is null
+       and (${tenant ?? null}::text is null or tenant_id = ${tenant ?? null})
+     group by 1, 2, 3
+    on conflict (tenant_id, workflow_name, workflow_version) do update
+       set ready_at = least(queue_lanes.ready_at, excluded.ready_at)`;
+}

@@ -8,6 +8,7 @@
 import { BUILTIN_HOSTED } from "./catalog.ts";
 import postgres from "postgres";
 import type { Sql } from "../../db/pool.ts";
+import { laneQueuedRuns } from "./db.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../../db/admission.ts";
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../../db/attempt_end.ts";
 import { requestCancel } from "../../db/cancellation.ts";
@@ -51,10 +52,10 @@ export interface Captured {
 }
 
 /** The tables whose scans are checked: a statement not naming one must not read it. */
-export const RELATIONS = ["runs", "work_events", "concurrency_slots"] as const;
+export const RELATIONS = ["runs", "work_events", "concurrency_slots", "queue_lanes"] as const;
 export type Relation = typeof RELATIONS[number];
 
-/** A statement and where its scans of `runs`, `work_events` and `concurrency_slots` must go. */
+/** A statement and where its scans of `runs`, `work_events`, `concurrency_slots` and `queue_lanes` must go. */
 export interface HotStatement {
   name: string;
   /** Issues the statement through `sql` (inside a transaction that is rolled back). */
@@ -122,14 +123,17 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
+      indexes: {
+        runs: ["runs_queued_workflow_idx"],
+        queue_lanes: ["queue_lanes_ready_idx", "Tid Scan"],
+      },
     },
     {
       name: "queue: claimLimitedRuns",
       call: (sql) => claimLimitedRuns(sql, "plan-test", 16, lease, LIMITED_HOSTED),
       indexes: {
         runs: ["runs_queued_key_idx"],
-        concurrency_slots: ["concurrency_slots_ready_idx"],
+        concurrency_slots: ["concurrency_slots_due_idx", "Tid Scan"],
       },
     },
     {
@@ -434,6 +438,48 @@ export async function explain(sql: Sql, stmt: Captured, mode: PlanMode): Promise
   }
 }
 
+/**
+ * Prepares `stmt` as the driver would and runs it under `EXPLAIN (ANALYZE,
+ * BUFFERS)` with its custom plan, in a transaction rolled back: the plan
+ * with its actual row and buffer counts, and how many rows it returned.
+ */
+export async function explainAnalyze(
+  sql: Sql,
+  stmt: Captured,
+): Promise<{ plan: PlanNode; result: number }> {
+  const conn = await sql.reserve();
+  try {
+    await conn.unsafe("begin");
+    const declared = stmt.types.map((t) => t ? `${t}::regtype` : "'unknown'::regtype");
+    const [{ types }] = await conn.unsafe<{ types: string }[]>(
+      `select array_to_string(array[${
+        declared.join(", ") || "null::regtype"
+      }]::regtype[], ',') as types`,
+    );
+    await conn.unsafe(`prepare plan_check${stmt.types.length ? `(${types})` : ""} as ${stmt.text}`);
+    const [{ inferred }] = await conn.unsafe<{ inferred: string[] }[]>(
+      `select parameter_types::text[] as inferred from pg_prepared_statements
+        where name = 'plan_check'`,
+    );
+    const args = stmt.parameters.map((v, i) =>
+      v === null || v === undefined
+        ? `null::${inferred[i]}`
+        : `'${String(v).replaceAll("'", "''")}'::${inferred[i]}`
+    );
+    const [row] = await conn.unsafe(
+      `explain (analyze, buffers, format json) execute plan_check${
+        args.length ? `(${args.join(", ")})` : ""
+      }`,
+    );
+    const plan = (row["QUERY PLAN"] as { Plan: PlanNode }[])[0].Plan;
+    return { plan, result: (plan as PlanNode & { "Actual Rows": number })["Actual Rows"] };
+  } finally {
+    await conn.unsafe("rollback").catch(() => {});
+    await conn.unsafe("deallocate plan_check").catch(() => {});
+    conn.release();
+  }
+}
+
 /** Every node of the plan that reads a table or an index. */
 export function scans(node: PlanNode, out: PlanNode[] = []): PlanNode[] {
   if (node["Relation Name"] !== undefined || node["Index Name"] !== undefined) out.push(node);
@@ -495,8 +541,12 @@ export async function addRuns(sql: Sql, from: number, to: number): Promise<void>
                         where w.tenant_id = r.tenant_id and w.run_id = r.run_id)`;
 }
 
-/** The concurrency groups' counts as the bulk runs make them, limit 2 (some full, some not). */
+/**
+ * The concurrency groups' counts as the bulk runs make them, limit 2 (some
+ * full, some not), and the lanes of their unlimited queued runs.
+ */
 export async function countSlots(sql: Sql): Promise<void> {
+  await laneQueuedRuns(sql);
   await sql`
     insert into concurrency_slots (tenant_id, workflow_name, concurrency_key, max_running,
                                    running, queued)
