@@ -12,7 +12,8 @@ import { startBroker } from "../dev/kafka.ts";
 import { Admission } from "../admission/admit.ts";
 import { catalogOf } from "./support/catalog.ts";
 import { insertTenant } from "../db/auth.ts";
-import { createPool, type ReservedSql, type Sql } from "../db/pool.ts";
+import { createPool, type Sql } from "../db/pool.ts";
+import type postgres from "postgres";
 import {
   claimPendingEvents,
   markPublished,
@@ -232,7 +233,7 @@ Deno.test({
  * One connection of the pool, pinned, and a scope of every shard naming its
  * session: what a publisher holding all the shards claims with.
  */
-async function pinned(sql: Sql): Promise<{ conn: ReservedSql; scope: ShardScope }> {
+async function pinned(sql: Sql): Promise<{ conn: postgres.ReservedSql; scope: ShardScope }> {
   const conn = await sql.reserve();
   const [{ pid }] = await conn<{ pid: number }[]>`select pg_backend_pid() as pid`;
   const shards = Array.from({ length: OUTBOX_SHARDS }, (_, i) => i);
