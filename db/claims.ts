@@ -109,8 +109,8 @@ const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
  * the next claim. Runs of versions this worker does not host are never read.
  *
  * Then each served lane is pushed back, in the same statement: to now()
- * when it gave its whole share or still has a due run, to its next run's
- * run_after when it has none due, 'infinity' when nothing is queued. Only a
+ * when it still has a due run, to its next run's run_after when it has none
+ * due, 'infinity' when nothing is queued. Only a
  * lane whose row is the version this statement's snapshot saw is pushed back
  * (locked by its ctid, `SKIP LOCKED`): a newer version means a statement
  * queued a run in it after the snapshot, a run this statement could not see,
@@ -118,9 +118,9 @@ const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
  * waits for this lock and lowers the lane again (db/queue_sql.ts
  * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
  *
- * The cost: one probe per hosted version, one row per lane served, one probe
- * per priority of each lane served (two when it ran dry) and one per claimed
- * run; tenants, lanes and runs that are not due are never read.
+ * The cost: one probe per hosted version, one row per lane served, two probes
+ * per priority of each lane served (its share, then its next run) and one per
+ * claimed run; tenants, lanes and runs that are not due are never read.
  */
 export async function claimRuns(
   sql: Sql,
@@ -181,13 +181,14 @@ export async function claimRuns(
               limit s.share) c
     ),
     ${claimedFromPicked(sql, owner, leaseMs)},
-    -- Each lane's new place in line: now() (the back) when it gave its whole
-    -- share, else its next queued run's run_after (now() if that is due,
-    -- say held by another claim), 'infinity' when none is queued.
+    -- Each lane's new place in line: its next queued run's run_after, now()
+    -- (the back of the line) if that is due, 'infinity' when none is queued.
+    -- Looked up even when the lane gave its whole share: a lane assumed to
+    -- have more would be left looking due with nothing in it, and every
+    -- claim after would visit it once before any lane served after it.
     lane_next as (
       select s.seen,
-             case when coalesce(n.taken, 0) >= s.share then now()
-                  else greatest(now(), coalesce((
+             greatest(now(), coalesce((
                          select min(x.run_after) from ${sql.unsafe(PRIORITIES)}
                           cross join lateral (
                                 select r.run_after from runs r
@@ -200,12 +201,8 @@ export async function claimRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) x), 'infinity')) end as ready_at
+                                 limit 1) x), 'infinity')) as ready_at
         from shares s
-        left join (select tenant_id, workflow_name, workflow_version, count(*)::int as taken
-                     from claimed group by 1, 2, 3) n
-          on n.tenant_id = s.tenant_id and n.workflow_name = s.workflow_name
-         and n.workflow_version = s.workflow_version
     ),
     -- Only the lanes still as this statement's snapshot saw them, and not
     -- held by another statement: see the function's comment.

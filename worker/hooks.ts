@@ -1,6 +1,7 @@
 /** What a `Worker` reports as it goes (worker/metrics.ts turns it into metrics). */
 import type { ReclaimedRun } from "../db/leases.ts";
 import type { SlotCorrection } from "../db/slot_reconcile.ts";
+import type { LaneRepair } from "./lane_repairer.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =
@@ -28,6 +29,8 @@ export interface WorkerHooks {
   onHeartbeatTimeout?(): void;
   /** The slot reconciler corrected a concurrency group's drifted counts. */
   onSlotCorrected?(correction: SlotCorrection): void;
+  /** The lane repairer lowered a lane later than its queued runs (worker/lane_repairer.ts). */
+  onLaneRepaired?(repair: LaneRepair): void;
   /** This worker became the fleet's leader (true) or stopped being it (false). */
   onLeader?(leader: boolean): void;
   /** A lease renewal answered: one statement, renewing `runs` runs' leases. */

@@ -40,6 +40,7 @@ import { WorkflowRegistry } from "../workflows/registry.ts";
 import { defaultWorkerId, readWorkerConfig } from "./config.ts";
 import { createWorkerMetrics } from "./metrics.ts";
 import { slotCorrectionMetric } from "./slot_reconciler.ts";
+import { laneRepairMetric } from "./lane_repairer.ts";
 import { Worker } from "./worker.ts";
 
 export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
@@ -123,7 +124,11 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     shutdownMs: cfg.WORKER_SHUTDOWN_MS,
     resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
     log,
-    hooks: { ...metrics.hooks, onSlotCorrected: slotCorrectionMetric(metricsRegistry) },
+    hooks: {
+      ...metrics.hooks,
+      onSlotCorrected: slotCorrectionMetric(metricsRegistry),
+      onLaneRepaired: laneRepairMetric(metricsRegistry),
+    },
     listener,
     leaderSession,
   });

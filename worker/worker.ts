@@ -52,6 +52,7 @@ import { LeaseRenewer } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { Reclaimer } from "./reclaimer.ts";
 import { SlotReconciler } from "./slot_reconciler.ts";
+import { LaneRepairer } from "./lane_repairer.ts";
 import { LeaderElector } from "../core/leader.ts";
 import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
@@ -79,6 +80,10 @@ export interface WorkerOptions {
   slotReconcileMs?: number;
   /** Concurrency groups the slot reconciler checks per round; 100 by default. */
   slotReconcileGroups?: number;
+  /** Mean time between two rounds of the lane repairer; a minute by default, 0: off. */
+  laneRepairMs?: number;
+  /** Lanes of queued runs the lane repairer walks per round; 1,000 by default. */
+  laneRepairLanes?: number;
   /**
    * Largest result (and error) of a run, as JSON bytes (RUN_RESULT_MAX_BYTES);
    * a larger result fails the attempt with `result-too-large`.
@@ -146,6 +151,8 @@ export class Worker implements Service {
       resultMaxBytes: DEFAULT_RUN_RESULT_MAX_BYTES,
       slotReconcileMs: 30 * SECOND,
       slotReconcileGroups: 100,
+      laneRepairMs: MINUTE,
+      laneRepairLanes: 1000,
       hooks: {},
       ...opts,
     };
@@ -221,6 +228,21 @@ export class Worker implements Service {
         },
       }));
     // Slot counts are checked by the leader alone: one cursor for the fleet.
+    // Lanes later than their queued runs are lowered by the leader alone too.
+    if (this.#opts.laneRepairMs > 0) {
+      this.#leader.whileLeader("lane-repairer", () =>
+        new LaneRepairer(sql, {
+          intervalMs: this.#opts.laneRepairMs,
+          lanesPerRound: this.#opts.laneRepairLanes,
+          log: this.#log,
+          onRepaired: (r) => {
+            this.#opts.hooks.onLaneRepaired?.(r);
+            // A lowered lane may be due now.
+            this.#sleep.wake();
+            this.#notify();
+          },
+        }));
+    }
     if (this.#opts.slotReconcileMs > 0) {
       this.#leader.whileLeader("slot-reconciler", () =>
         new SlotReconciler(sql, {

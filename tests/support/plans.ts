@@ -32,6 +32,7 @@ import {
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
 import { correctSlot } from "../../db/slot_reconcile.ts";
+import { repairLanes } from "../../db/lane_repair.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
 import {
   selectLimitedWorkflowStats,
@@ -242,6 +243,13 @@ export function hotStatements(s: Sample): HotStatement[] {
         runs: ["runs_queued_key_idx", "runs_running_tenant_idx"],
         concurrency_slots: ["concurrency_slots_pkey"],
       },
+    },
+    {
+      // The lane repairer's walk: a loose scan of the queued runs' lanes, and
+      // each lane's earliest run one probe per priority.
+      name: "maintenance: repairLanes",
+      call: (sql) => repairLanes(sql, undefined, 100),
+      indexes: { runs: ["runs_queued_workflow_idx"] },
     },
     {
       name: "queue: queueCounts",
