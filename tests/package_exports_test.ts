@@ -60,3 +60,21 @@ Deno.test("package: the exports users import are all there and documented (deno 
     assert.equal(out.code, 0, `${entries.join(" ")}: ${text}`);
   }
 });
+
+Deno.test("package: it is publishable: deno publish --dry-run passes, LICENSE included, no warning", async () => {
+  const root = new URL("../", import.meta.url);
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["publish", "--dry-run", "--allow-dirty", "--no-check"],
+    cwd: root,
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout) + new TextDecoder().decode(out.stderr);
+  assert.equal(out.code, 0, text);
+  assert.match(text, /Success Dry run complete/);
+  assert.match(text, /\/LICENSE \(/, "the LICENSE file is in the package");
+  assert.doesNotMatch(text, /warning/i, text);
+  const config = JSON.parse(await Deno.readTextFile(new URL("deno.json", root)));
+  assert.equal(config.license, "Apache-2.0");
+});
