@@ -7,7 +7,7 @@
  */
 import { once, type Service } from "./lifecycle.ts";
 import type { Logger } from "./log.ts";
-import { delay } from "./time.ts";
+import { backoffWithJitter, delay } from "./time.ts";
 
 /** A loop of `round()`s with `nextWaitMs()` between them, until stopped. */
 export abstract class MaintenanceService implements Service {
@@ -58,6 +58,48 @@ export abstract class MaintenanceService implements Service {
         // A round should not throw; if one does, the service keeps its schedule.
         this.#log.error(`${this.#name} round failed`, { error });
       }
+    }
+  }
+}
+
+/**
+ * A maintenance service whose rounds come every `intervalMs` (jittered ±25%,
+ * so a fleet started together does not act in lockstep, the first round one
+ * interval away like every other) and, after a failing round, later each
+ * time up to `retryCapMs`. A failure is logged as `failedMessage` with the
+ * count of failures in a row; `work` is the round.
+ */
+export abstract class IntervalMaintenance extends MaintenanceService {
+  readonly #timing: { intervalMs: number; retryCapMs: number; failedMessage: string };
+  readonly #log: Logger;
+  #failures = 0;
+
+  constructor(
+    name: string,
+    log: Logger,
+    timing: { intervalMs: number; retryCapMs: number; failedMessage: string },
+  ) {
+    super(name, log);
+    this.#log = log;
+    this.#timing = timing;
+  }
+
+  /** The round's work; a throw counts as a failed round. */
+  protected abstract work(signal: AbortSignal): Promise<void>;
+
+  protected nextWaitMs(): number {
+    const { intervalMs, retryCapMs } = this.#timing;
+    const wait = intervalMs * (0.75 + Math.random() / 2);
+    return this.#failures ? backoffWithJitter(this.#failures, wait, retryCapMs) : wait;
+  }
+
+  protected async round(signal: AbortSignal): Promise<void> {
+    try {
+      await this.work(signal);
+      this.#failures = 0;
+    } catch (error) {
+      this.#failures++;
+      this.#log.warn(this.#timing.failedMessage, { error, failures: this.#failures });
     }
   }
 }

@@ -13,8 +13,8 @@
  */
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
-import { MaintenanceService } from "../core/maintenance.ts";
-import { backoffWithJitter, SECOND } from "../core/time.ts";
+import { IntervalMaintenance } from "../core/maintenance.ts";
+import { SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import { type LaneKey, type LaneRepairRound, repairLanes } from "../db/lane_repair.ts";
 
@@ -36,31 +36,23 @@ export interface LaneRepairerOptions {
 const DB_RETRY_CAP_MS = 60 * SECOND;
 
 /** Walks `lanesPerRound` lanes every `intervalMs` until stopped. */
-export class LaneRepairer extends MaintenanceService {
+export class LaneRepairer extends IntervalMaintenance {
   readonly #sql: Sql;
   readonly #opts: LaneRepairerOptions;
   #after: LaneKey | undefined;
-  #failures = 0;
 
   constructor(sql: Sql, opts: LaneRepairerOptions) {
-    super("lane repairer", opts.log);
+    super("lane repairer", opts.log, {
+      intervalMs: opts.intervalMs,
+      retryCapMs: DB_RETRY_CAP_MS,
+      failedMessage: "lane repair failed",
+    });
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  protected nextWaitMs(): number {
-    const wait = this.#opts.intervalMs * (0.75 + Math.random() / 2);
-    return this.#failures ? backoffWithJitter(this.#failures, wait, DB_RETRY_CAP_MS) : wait;
-  }
-
-  protected async round(): Promise<void> {
-    try {
-      await this.repair();
-      this.#failures = 0;
-    } catch (error) {
-      this.#failures++;
-      this.#opts.log.warn("lane repair failed", { error, failures: this.#failures });
-    }
+  protected async work(): Promise<void> {
+    await this.repair();
   }
 
   /**

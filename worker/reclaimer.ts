@@ -9,8 +9,8 @@
  * reclaimer holds.
  */
 import type { Logger } from "../core/log.ts";
-import { MaintenanceService } from "../core/maintenance.ts";
-import { backoffWithJitter, SECOND } from "../core/time.ts";
+import { IntervalMaintenance } from "../core/maintenance.ts";
+import { SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import { type ReclaimedRun, reclaimExpired } from "../db/leases.ts";
 
@@ -29,34 +29,23 @@ const RECLAIM_BATCH = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
 
 /** Returns expired-lease runs to the queue every `intervalMs` until stopped. */
-export class Reclaimer extends MaintenanceService {
+export class Reclaimer extends IntervalMaintenance {
   readonly #sql: Sql;
   readonly #opts: ReclaimerOptions;
-  #failures = 0;
 
   constructor(sql: Sql, opts: ReclaimerOptions) {
-    super("reclaimer", opts.log);
+    super("reclaimer", opts.log, {
+      intervalMs: opts.intervalMs,
+      retryCapMs: DB_RETRY_CAP_MS,
+      failedMessage: "reclaim failed",
+    });
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  // The first look is one interval away, like every other: jitter keeps a
-  // fleet started together from reclaiming in lockstep, and a failing round
-  // waits longer each time.
-  protected nextWaitMs(): number {
-    const wait = this.#opts.intervalMs * (0.75 + Math.random() / 2);
-    return this.#failures ? backoffWithJitter(this.#failures, wait, DB_RETRY_CAP_MS) : wait;
-  }
-
-  protected async round(): Promise<void> {
-    try {
-      const all = await this.#reclaimAll();
-      this.#failures = 0;
-      if (all.length > 0) this.#opts.onReclaimed?.(all);
-    } catch (err) {
-      this.#failures++;
-      this.#opts.log.warn("reclaim failed", { error: err, failures: this.#failures });
-    }
+  protected async work(): Promise<void> {
+    const all = await this.#reclaimAll();
+    if (all.length > 0) this.#opts.onReclaimed?.(all);
   }
 
   /** One round: reclaims every expired lease, logging each run. */

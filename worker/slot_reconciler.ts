@@ -15,8 +15,8 @@
  */
 import client from "prom-client";
 import type { Logger } from "../core/log.ts";
-import { MaintenanceService } from "../core/maintenance.ts";
-import { backoffWithJitter, SECOND } from "../core/time.ts";
+import { IntervalMaintenance } from "../core/maintenance.ts";
+import { SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import {
   correctSlot,
@@ -43,31 +43,23 @@ export interface SlotReconcilerOptions {
 const DB_RETRY_CAP_MS = 60 * SECOND;
 
 /** Checks `groupsPerRound` concurrency groups every `intervalMs` until stopped. */
-export class SlotReconciler extends MaintenanceService {
+export class SlotReconciler extends IntervalMaintenance {
   readonly #sql: Sql;
   readonly #opts: SlotReconcilerOptions;
   #after: SlotGroup | undefined;
-  #failures = 0;
 
   constructor(sql: Sql, opts: SlotReconcilerOptions) {
-    super("slot reconciler", opts.log);
+    super("slot reconciler", opts.log, {
+      intervalMs: opts.intervalMs,
+      retryCapMs: DB_RETRY_CAP_MS,
+      failedMessage: "slot reconcile failed",
+    });
     this.#sql = sql;
     this.#opts = opts;
   }
 
-  protected nextWaitMs(): number {
-    const wait = this.#opts.intervalMs * (0.75 + Math.random() / 2);
-    return this.#failures ? backoffWithJitter(this.#failures, wait, DB_RETRY_CAP_MS) : wait;
-  }
-
-  protected async round(signal: AbortSignal): Promise<void> {
-    try {
-      await this.reconcile(signal);
-      this.#failures = 0;
-    } catch (error) {
-      this.#failures++;
-      this.#opts.log.warn("slot reconcile failed", { error, failures: this.#failures });
-    }
+  protected async work(signal: AbortSignal): Promise<void> {
+    await this.reconcile(signal);
   }
 
   /**
