@@ -113,3 +113,78 @@ Deno.test("worker process: --workflows loads only a local module: an https:, npm
     assert.match(lines[0], /--workflows .*: only a local module can be loaded/);
   }
 });
+
+/** The processes whose parent is `pid` (from /proc), those not yet reaped. */
+async function childrenOf(pid: number): Promise<number[]> {
+  const found: number[] = [];
+  for await (const entry of Deno.readDir("/proc")) {
+    if (!/^\d+$/.test(entry.name)) continue;
+    try {
+      const stat = await Deno.readTextFile(`/proc/${entry.name}/stat`);
+      // pid (comm) state ppid ...: comm may hold spaces, so read after its ")".
+      const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+      if (Number(ppid) === pid && state !== "Z") found.push(Number(entry.name));
+    } catch { /* gone meanwhile */ }
+  }
+  return found;
+}
+
+function alive(pid: number): boolean {
+  try {
+    const stat = Deno.readTextFileSync(`/proc/${pid}/stat`);
+    return stat.slice(stat.lastIndexOf(")") + 2).split(" ")[0] !== "Z";
+  } catch {
+    return false;
+  }
+}
+
+Deno.test("worker process: a --workflows worker killed with SIGKILL leaves no confined worker behind: the process it started exits when its parent is gone", async () => {
+  const db = await freshDatabase();
+  const dir = await Deno.makeTempDir({ prefix: "poimen-orphan-" });
+  await Deno.writeTextFile(
+    `${dir}/workflows.ts`,
+    `import { z } from "zod";
+import { defineWorkflow } from "@poimen/poimen/workflow";
+export const hello = defineWorkflow({
+  name: "team.hello",
+  version: 1,
+  input: z.object({}),
+  handler: () => ({ hello: true }),
+});
+`,
+  );
+  const worker = new PoimenProcess("worker", {
+    DATABASE_URL: db.url,
+    LOG_LEVEL: "warn",
+    WORKER_POLL_MS: "50",
+  }, ["--workflows", `${dir}/workflows.ts`]);
+  let confined: number[] = [];
+  try {
+    await db.sql`insert into tenants (tenant_id) values (${TENANT})`;
+    await db.sql`
+      insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
+                        source, max_attempts)
+      values (${TENANT}, gen_random_uuid(), 'team.hello', 'team.hello', 1, '{}', 'test', 1)`;
+    await laneQueuedRuns(db.sql, TENANT);
+    // The confined worker is up and claiming: it ran the run.
+    await waitFor("the run succeeded", async () => {
+      if (worker.exited) throw new Error(`worker exited:\n${worker.logs().join("\n")}`);
+      const [{ n }] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from runs where status = 'succeeded'`;
+      return n === 1 || undefined;
+    }, 30_000);
+    confined = await childrenOf(worker.pid);
+    assert.equal(confined.length, 1, `the worker's children: ${confined}`);
+    await worker.stop("SIGKILL");
+    await waitFor("the confined worker exited", () => !alive(confined[0]) || undefined, 15_000);
+  } finally {
+    await worker.stop();
+    for (const pid of confined) {
+      try {
+        if (alive(pid)) Deno.kill(pid, "SIGKILL");
+      } catch { /* gone */ }
+    }
+    await Deno.remove(dir, { recursive: true });
+    await db.drop();
+  }
+});

@@ -13,6 +13,10 @@
  * `deno task worker` may, to find the module) starts itself again with
  * `--allow-read=<the module's folder>,<node_modules>` and waits for that
  * process, passing it SIGTERM and SIGINT and answering with its exit code.
+ * The confined process holds the read end of a pipe from it and exits, as a
+ * crash would, when that pipe closes: a worker killed with SIGKILL (which it
+ * cannot pass on) leaves no worker behind still claiming runs, and its runs
+ * are reclaimed when their leases lapse, as after any crash.
  */
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -59,6 +63,21 @@ const CONFINED_FLAGS = [
 
 const ROOT = new URL("../", import.meta.url);
 
+// Set for the confined worker: its stdin is a pipe from the worker that
+// started it, closed when that one exits however it exits.
+const PARENT_PIPE = "POIMEN_WORKER_PARENT_PIPE";
+
+/** Exits (code 1) once stdin, the pipe from the parent worker, closes. */
+function exitWhenParentGoes(): void {
+  (async () => {
+    const buffer = new Uint8Array(64);
+    try {
+      while (await Deno.stdin.read(buffer) !== null) { /* nothing is sent */ }
+    } catch { /* a broken pipe is the parent gone too */ }
+    Deno.exit(1);
+  })();
+}
+
 /** Runs the worker until a signal; returns the exit code. */
 export async function main(args: string[]): Promise<number> {
   const line = parseCommandLine(COMMAND, args);
@@ -75,6 +94,7 @@ export async function main(args: string[]): Promise<number> {
     return await confined(url, path);
   }
   const env = processEnv();
+  if (env[PARENT_PIPE] === "stdin") exitWhenParentGoes();
   await revoke("env", "run");
   return await runWorker({ workflows: await loadWorkflows(path, url), env });
 }
@@ -166,7 +186,8 @@ async function confined(url: URL, path: string): Promise<number> {
       "--workflows",
       file,
     ],
-    stdin: "null",
+    env: { [PARENT_PIPE]: "stdin" },
+    stdin: "piped",
     stdout: "inherit",
     stderr: "inherit",
   }).spawn();
