@@ -74,7 +74,7 @@ const NAME_LOCK_CLASS = 0x706f696d;
  * concurrency differs from its workflow's is refused (`refused`). One
  * transaction holding a lock per name, so two workers starting at once can
  * neither both "create" one version nor register two versions of a name that
- * disagree.
+ * disagree. Answers in the order of `versions`.
  */
 export async function registerVersions(
   sql: Sql,
@@ -89,9 +89,11 @@ export async function registerVersions(
         from (select distinct hashtext(n) as k from unnest(${names}::text[]) n order by k) s`;
     return await tx<Registration[]>`
       with wanted as (
-        select * from jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
-          as w(name text, version int, input_schema jsonb, max_attempts int,
-               concurrency_limit int, concurrency_key text, tenants text)
+        select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
+            as (name text, version int, input_schema jsonb, max_attempts int,
+                concurrency_limit int, concurrency_key text, tenants text))
+          with ordinality as w(name, version, input_schema, max_attempts, concurrency_limit,
+                               concurrency_key, tenants, i)
       ),
       -- Per name, the version every new one must agree with on concurrency:
       -- the current one, or for a name first registered here its newest.
@@ -146,7 +148,8 @@ export async function registerVersions(
         from checked w
         left join ins i on i.name = w.name and i.version = w.version
         left join cur on cur.name = w.name and cur.version = w.version
-        left join workflow_versions v on v.name = w.name and v.version = w.version`;
+        left join workflow_versions v on v.name = w.name and v.version = w.version
+       order by w.i`;
   });
 }
 
