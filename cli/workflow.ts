@@ -144,9 +144,7 @@ async function promote(args: string[]): Promise<number> {
         error: err,
       })
     );
-    const [listing] = (await selectVersionListing(sql, name)).filter((v) =>
-      v.version === version
-    );
+    const [listing] = (await selectVersionListing(sql, name)).filter((v) => v.version === version);
     log.info("workflow version promoted", {
       workflow: `${name}@${version}`,
       previous: promoted.previous === null ? null : `${name}@${promoted.previous}`,
@@ -170,7 +168,7 @@ export function promotionLine(
     }: runs naming ${name} get version ${version} from now on`;
   const hosted = liveWorkers === 0
     ? "; no live worker hosts it yet: its runs wait for one"
-    : `; ${liveWorkers} live worker${liveWorkers === 1 ? "" : "s"} host it`;
+    : `; ${liveWorkers === 1 ? "1 live worker hosts" : `${liveWorkers} live workers host`} it`;
   return what + hosted;
 }
 

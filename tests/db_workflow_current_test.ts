@@ -10,7 +10,12 @@ import { z } from "zod";
 import { WorkflowCatalog } from "../admission/catalog.ts";
 import { PoimenError } from "../core/errors.ts";
 import { silentLogger } from "../core/log.ts";
-import { type CatalogVersion, registerVersions, renewWorker, selectCatalog } from "../db/catalog.ts";
+import {
+  type CatalogVersion,
+  registerVersions,
+  renewWorker,
+  selectCatalog,
+} from "../db/catalog.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
 import { createPool } from "../db/pool.ts";
 import { promoteVersion, selectVersionListing } from "../db/workflow_current.ts";
@@ -125,7 +130,8 @@ Deno.test("migration 018: in an existing database each name's newest version bec
     } finally {
       await catalog.stop();
     }
-    const [{ by }] = await db.sql`select promoted_by as by from workflow_current where name = 'echo'`;
+    const [{ by }] = await db
+      .sql`select promoted_by as by from workflow_current where name = 'echo'`;
     assert.equal(by, "migration 018");
   } finally {
     await db.drop();
