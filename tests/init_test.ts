@@ -180,7 +180,7 @@ Deno.test("init: --builtins registers echo, sleep and fail (each current) and ag
   try {
     const plain = await runCommand("init", [], env, runFlags("init"));
     assert.equal(plain.code, 0, plain.stderr);
-    assert.deepEqual(await catalog(), [], "init without --builtins registers no workflow");
+    assert.deepEqual([...await catalog()], [], "init without --builtins registers no workflow");
 
     const builtins = await runCommand("init", ["--builtins"], env, runFlags("init"));
     assert.equal(builtins.code, 0, builtins.stderr);
