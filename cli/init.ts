@@ -132,8 +132,11 @@ export async function registerBuiltins(sql: Sql, log: Logger): Promise<void> {
   const conflict = found.find((r) => r.same !== true);
   if (conflict) {
     throw new Error(
-      `built-in workflow ${conflict.name}@${conflict.version} is registered with another ` +
-        "definition; init registers the built-ins only where they are poimen's own",
+      `built-in workflow ${conflict.name}@${conflict.version} ${
+        conflict.refused
+          ? `declares another concurrency than ${conflict.name}@${conflict.refused.version}`
+          : "is registered with another definition"
+      }; init registers the built-ins only where they are poimen's own`,
     );
   }
   const created = found.filter((r) => r.created).map((r) => `${r.name}@${r.version}`);

@@ -76,7 +76,10 @@ Deno.test("tasks: workflow list and promote finish in a terminal without a permi
   const env = { DATABASE_URL: db.url };
   try {
     assert.match(await finish("workflow", ["list"], env), /echo +1 +current/);
-    assert.match(await finish("workflow", ["promote", "echo@1"], env), /echo@1 was current already/);
+    assert.match(
+      await finish("workflow", ["promote", "echo@1"], env),
+      /echo@1 was current already/,
+    );
   } finally {
     await db.drop();
   }

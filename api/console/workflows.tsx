@@ -104,7 +104,8 @@ export function WorkflowsFragment({ tenant, versions }: {
                   <td class="mono">{v.name}</td>
                   <td>
                     {String(v.version)}
-                    {v.scoped ? <span class="muted">{" (some tenants)"}</span> : ""}
+                    {v.scoped ? " " : ""}
+                    {v.scoped ? <span class="muted">(some tenants)</span> : ""}
                   </td>
                   <td>{v.current ? <span class="status status-current">current</span> : ""}</td>
                   <td class={v.liveWorkers === 0 ? "muted" : ""} data-live-workers={v.liveWorkers}>
