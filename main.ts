@@ -33,6 +33,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<{ main: Co
     summary: "show or set a tenant's quotas (max queued runs, admission rate)",
     load: () => import("./cli/tenant.ts"),
   },
+  workflow: {
+    summary: "list workflow versions and their workers, or promote a version to current",
+    load: () => import("./cli/workflow.ts"),
+  },
   topics: { summary: "declare tenants' Kafka topics", load: () => import("./cli/topics.ts") },
   dispatch: {
     summary: "publish one dispatch message to Kafka",

@@ -1,14 +1,16 @@
 /**
  * What admission knows of workflows: each registered version's input schema
  * compiled once (ajv, JSON Schema 2020-12) and its max attempts, looked up by
- * `name` (the newest version) or `name@version`. The API loads no workflow
- * code: `WorkflowCatalog` reads the catalog the workers register in
- * (db/catalog.ts) and learns new versions without a restart — a NOTIFY after
- * each registration, a refresh on a timer as the fallback, and a refresh
- * before a workflow is called unknown, so a version registered a moment ago
- * is never refused for being new. A version registered for some tenants only
- * (`tenants` in its definition) does not exist for any other tenant: it
- * resolves for them as an unknown workflow would, and is not listed to them.
+ * `name` (the workflow's current version, migration 018) or `name@version`.
+ * The API loads no workflow code: `WorkflowCatalog` reads the catalog the
+ * workers register in (db/catalog.ts) and learns new versions and promotions
+ * without a restart — a NOTIFY after each registration or promotion, a
+ * refresh on a timer as the fallback, and a refresh before a workflow is
+ * called unknown, so a version registered a moment ago is never refused for
+ * being new. A version registered for some tenants only (`tenants` in its
+ * definition) does not exist for any other tenant: it resolves for them as an
+ * unknown workflow would, and is not listed to them; a bare name gets such a
+ * tenant the newest version up to the current one that it may start.
  */
 import { Ajv2020, type ErrorObject, type ValidateFunction } from "ajv/dist/2020.js";
 import type { FieldError } from "../core/errors.ts";
@@ -19,7 +21,7 @@ import { SECOND } from "../core/time.ts";
 import { formatPath } from "../contracts/json_value.ts";
 import { WORKFLOW_REF_PATTERN } from "../contracts/runs.ts";
 import { parseTenantScope, type TenantScope } from "../contracts/tenant_scope.ts";
-import { type CatalogVersion, selectCatalog } from "../db/catalog.ts";
+import { type CatalogEntry, type CatalogVersion, selectCatalog } from "../db/catalog.ts";
 import { Listener } from "../db/listener.ts";
 import { CATALOG_CHANNEL } from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
@@ -44,8 +46,9 @@ export interface AdmissionVersion {
 /** How admission finds a workflow version. */
 export interface WorkflowLookup {
   /**
-   * `name` (the newest version `tenant` may start) or `name@version`;
-   * undefined when unknown here or not for `tenant`.
+   * `name` (its current version, or when `tenant` may not start that one the
+   * newest older version it may) or `name@version`; undefined when unknown
+   * here or not for `tenant`.
    */
   resolve(ref: string, tenant: string): AdmissionVersion | undefined;
   /**
@@ -113,11 +116,26 @@ function allowed(v: AdmissionVersion, tenant: string): boolean {
   return v.tenants === null || v.tenants.allows(tenant);
 }
 
-/** Versions by name, newest first, with lookups by ref and tenant. */
+/**
+ * The version a run naming only the workflow gets: the current one (a
+ * ceiling), or the newest older one `allowed` when the current one is not.
+ * `versions` newest first.
+ */
+export function bareNameVersion<V extends { version: number }>(
+  versions: readonly V[],
+  current: number,
+  allowed: (v: V) => boolean,
+): V | undefined {
+  return versions.find((v) => v.version <= current && allowed(v));
+}
+
+/** Versions by name, newest first, and each name's current version, with lookups by ref and tenant. */
 class VersionIndex {
   readonly #byRef = new Map<string, AdmissionVersion>();
   // name → its versions, newest first (a name has a few).
   readonly #byName = new Map<string, AdmissionVersion[]>();
+  // name → its current version (migration 018); a name not here: its newest.
+  readonly #current = new Map<string, number>();
 
   has(name: string, version: number): boolean {
     return this.#byRef.has(`${name}@${version}`);
@@ -131,13 +149,24 @@ class VersionIndex {
     this.#byName.set(v.name, versions);
   }
 
+  /** Sets `name`'s current version; returns the one it replaces (undefined: none). */
+  setCurrent(name: string, version: number): number | undefined {
+    const before = this.#current.get(name);
+    this.#current.set(name, version);
+    return before;
+  }
+
   resolve(ref: string, tenant: string): AdmissionVersion | undefined {
     const exact = this.#byRef.get(ref);
     if (exact) return allowed(exact, tenant) ? exact : undefined;
     const m = WORKFLOW_REF_PATTERN.exec(ref);
     if (!m || m[2] !== undefined) return undefined;
-    // The newest version is usually for every tenant: one look.
-    return this.#byName.get(m[1])?.find((v) => allowed(v, tenant));
+    const versions = this.#byName.get(m[1]);
+    if (!versions) return undefined;
+    const current = this.#current.get(m[1]) ?? versions[0].version;
+    // A current version that did not compile is refused, not stepped over to an older one.
+    if (!this.#byRef.has(`${m[1]}@${current}`)) return undefined;
+    return bareNameVersion(versions, current, (v) => allowed(v, tenant));
   }
 
   list(tenant: string): string[] {
@@ -146,12 +175,19 @@ class VersionIndex {
   }
 }
 
-/** A fixed set of versions (tests, the bench, a single process): nothing to refresh. */
+/**
+ * A fixed set of versions (tests, the bench, a single process): nothing to
+ * refresh. A version marked `current` is its name's current version; a name
+ * with none marked has no registration order to go by, so its newest is.
+ */
 export class StaticCatalog implements WorkflowLookup {
   readonly #index = new VersionIndex();
 
-  constructor(versions: Iterable<CatalogVersion>) {
-    for (const v of versions) this.#index.add(compileVersion(v));
+  constructor(versions: Iterable<CatalogVersion & { current?: boolean }>) {
+    for (const v of versions) {
+      this.#index.add(compileVersion(v));
+      if (v.current) this.#index.setCurrent(v.name, v.version);
+    }
   }
 
   resolve(ref: string, tenant: string): AdmissionVersion | undefined {
@@ -224,10 +260,10 @@ export class WorkflowCatalog implements WorkflowLookup, Service {
   }
 
   /**
-   * Reads the catalog and compiles the versions not seen yet (a version is
-   * immutable, so one seen is never read twice). Refreshes asked for while
-   * one runs share the next one, which starts when it ends: one read at a
-   * time, and none missed.
+   * Reads the catalog, compiles the versions not seen yet (a version is
+   * immutable, so one seen is never read twice) and takes each name's
+   * current version. Refreshes asked for while one runs share the next one,
+   * which starts when it ends: one read at a time, and none missed.
    */
   refresh(): Promise<void> {
     if (this.#inFlight) {
@@ -254,25 +290,38 @@ export class WorkflowCatalog implements WorkflowLookup, Service {
   }
 
   async #load(): Promise<void> {
+    let rows: CatalogEntry[];
     try {
-      for (const row of await selectCatalog(this.#sql)) {
-        if (this.#index.has(row.name, row.version)) continue;
-        try {
-          this.#index.add(compileVersion(row));
-          this.#opts.log.info("workflow version learned", {
-            workflow: `${row.name}@${row.version}`,
-          });
-        } catch (err) {
-          // Registered by a worker whose schema ajv cannot compile: runs of it
-          // are refused as unknown; say why once per refresh.
-          this.#opts.log.error("workflow version not compiled", {
-            workflow: `${row.name}@${row.version}`,
-            error: err,
-          });
-        }
-      }
+      rows = await selectCatalog(this.#sql);
     } catch (err) {
       this.#opts.log.warn("catalog refresh failed", { error: err });
+      return;
+    }
+    for (const row of rows) {
+      if (this.#index.has(row.name, row.version)) continue;
+      try {
+        this.#index.add(compileVersion(row));
+        this.#opts.log.info("workflow version learned", {
+          workflow: `${row.name}@${row.version}`,
+        });
+      } catch (err) {
+        // Registered by a worker whose schema ajv cannot compile: runs of it
+        // are refused as unknown; say why once per refresh.
+        this.#opts.log.error("workflow version not compiled", {
+          workflow: `${row.name}@${row.version}`,
+          error: err,
+        });
+      }
+    }
+    // After the versions: a promotion is read with the version it names.
+    for (const row of rows.filter((r) => r.current)) {
+      const before = this.#index.setCurrent(row.name, row.version);
+      if (before !== row.version) {
+        this.#opts.log.info("workflow current version learned", {
+          workflow: `${row.name}@${row.version}`,
+          previous: before === undefined ? null : `${row.name}@${before}`,
+        });
+      }
     }
   }
 }

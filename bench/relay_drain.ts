@@ -16,6 +16,8 @@ import { createPool } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
+import { registerVersions } from "../db/catalog.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
 import { silentLogger } from "../core/log.ts";
 import { PROJECT_ROOT } from "../dev/tasks.ts";
 import { freePort, PoimenProcess } from "../dev/processes.ts";
@@ -106,6 +108,8 @@ u.pathname = `/${dbName}`;
 const url = u.href;
 const sql = createPool({ url, max: 4, applicationName: "bench" });
 await migrate(sql, loadMigrations(), silentLogger);
+// Migrating registers no workflow: the built-ins, as `init --builtins` does.
+await registerVersions(sql, builtinRegistry().catalogVersions(), "bench");
 const token = newToken();
 await insertToken(sql, await hashToken(token), { kind: "service", tenant_id: null, name: "relay" });
 const port = freePort();

@@ -7,6 +7,8 @@ import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { hashToken, newToken } from "../api/auth.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
+import { registerVersions } from "../db/catalog.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
 import { silentLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
 import type { BenchContext } from "./run_context.ts";
@@ -19,7 +21,9 @@ function dbUrl(adminUrl: string, name: string): string {
 
 /**
  * Creates and migrates database `name` on `admin`'s server (`adminUrl`: the
- * run's, unless a section's own server); a pool of 4 on it.
+ * run's, unless a section's own server), with the built-in workflows
+ * registered (as `init --builtins` does: migrating registers none, and an API
+ * admits echo before a worker hosting it starts); a pool of 4 on it.
  */
 export async function createDb(
   ctx: BenchContext,
@@ -31,6 +35,7 @@ export async function createDb(
   const url = dbUrl(adminUrl, name);
   const sql = createPool({ url, max: 4, applicationName: "bench" });
   await migrate(sql, loadMigrations(), silentLogger);
+  await registerVersions(sql, builtinRegistry().catalogVersions(), "bench");
   return { url, sql };
 }
 

@@ -2,7 +2,9 @@
  * `deno task init`: readies an empty installation, idempotently, so a
  * container platform can run it before every start (compose.yaml's `init`
  * service): migrates, creates the tenants of POIMEN_TENANTS with their
- * topics, and, when RELAY_TOKEN_FILE is set, keeps the relay's service token
+ * topics, with `--builtins` registers the built-in workflows (echo, sleep,
+ * fail: for development and trying poimen out; `migrate` registers no
+ * workflow), and, when RELAY_TOKEN_FILE is set, keeps the relay's service token
  * there — minted on the first run, read back and re-registered (should the
  * database have been reset) on every later one, so restarts reuse it; one
  * revoked or expired is replaced by a new one. The token minted is a service
@@ -24,6 +26,9 @@ import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
+import { registerVersions } from "../db/catalog.ts";
+import { notifyCatalog } from "../db/notify.ts";
+import { builtinRegistry } from "../workflows/builtin.ts";
 import { hashToken, isTokenShaped, newToken } from "../api/auth.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
@@ -53,7 +58,19 @@ const COMMAND = {
 Readies an installation, idempotently: migrates the database, creates the
 tenants of POIMEN_TENANTS and declares their topics, and keeps the relay's
 service token in RELAY_TOKEN_FILE (minted once, re-registered if the database
-lost it). Safe to run before every start.`,
+lost it). Safe to run before every start.
+
+With --builtins it also registers the built-in workflows echo@1, sleep@1 and
+fail@1 in the catalog, so they are admitted before a worker hosting them
+starts (deno task up and compose.yaml do, for development). Without it the
+catalog holds only what workers registered: in production, leave it out, or
+any tenant could queue runs of them that wait for a worker forever.`,
+  flags: {
+    builtins: {
+      type: "boolean",
+      description: "register the built-in workflows echo, sleep and fail (development)",
+    },
+  },
   env: InitEnv,
 } satisfies CommandSpec;
 
@@ -74,6 +91,7 @@ export async function main(args: string[]): Promise<number> {
     for (const tenant of tenants) {
       if (await insertTenant(sql, tenant)) log.info("tenant created", { tenant });
     }
+    if (line.flags.builtins) await registerBuiltins(sql, log);
     if (config.RELAY_TOKEN_FILE !== undefined) {
       await ensureRelayToken(sql, config.RELAY_TOKEN_FILE, log);
     }
@@ -102,6 +120,28 @@ export async function main(args: string[]): Promise<number> {
   }
   log.info("initialised", { tenants });
   return 0;
+}
+
+/**
+ * Registers the built-in workflows as a worker hosting them would (so a
+ * version already registered with another definition is an error), and
+ * tells the APIs. Each name's first version registered is its current one.
+ */
+export async function registerBuiltins(sql: Sql, log: Logger): Promise<void> {
+  const found = await registerVersions(sql, builtinRegistry().catalogVersions(), "poimen init");
+  const conflict = found.find((r) => r.same !== true);
+  if (conflict) {
+    throw new Error(
+      `built-in workflow ${conflict.name}@${conflict.version} ${
+        conflict.refused
+          ? `declares another concurrency than ${conflict.name}@${conflict.refused.version}`
+          : "is registered with another definition"
+      }; init registers the built-ins only where they are poimen's own`,
+    );
+  }
+  const created = found.filter((r) => r.created).map((r) => `${r.name}@${r.version}`);
+  if (created.length > 0) await notifyCatalog(sql);
+  log.info("built-in workflows registered", { created });
 }
 
 /**

@@ -83,7 +83,7 @@ export const RunRequest = z.strictObject({
   workflow_ref: z.string().min(1).max(110).regex(
     WORKFLOW_REF_PATTERN,
     "expected name or name@version (a version of at most 9 digits)",
-  ).describe("`name` (newest version, pinned at admission) or `name@version`"),
+  ).describe("`name` (its current version, pinned at admission) or `name@version`"),
   input: JsonValue.optional().describe(
     `The workflow's input (any JSON); null when absent. Strings and keys without NUL or unpaired ` +
       `surrogates, finite numbers (IEEE 754 doubles), at most ${MAX_JSON_DEPTH} levels of nesting`,

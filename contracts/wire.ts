@@ -10,7 +10,7 @@
 
 /** The admission request: `POST /v1/runs` body and `poimen.<tenant>.dispatch` message value. */
 export interface RunRequest {
-  /** `name` (newest version, pinned at admission) or `name@version`. */
+  /** `name` (its current version, pinned at admission) or `name@version`. */
   workflow_ref: string;
   /** The workflow's input (any JSON); null when absent. */
   input?: unknown;

@@ -1,9 +1,10 @@
 /**
  * The workflow catalog (migration 008): the versions workers registered, with
- * what admission needs of each, and the live workers with the versions each
- * hosts. Workers write it (registration, liveness); the API reads it (to
- * validate input without the handlers' code) and answers from it what a
- * queued run waits for.
+ * what admission needs of each and which one of each name is current
+ * (migration 018), and the live workers with the versions each hosts.
+ * Workers write it (registration, liveness), operators promote versions
+ * (db/workflow_current.ts); the API reads it (to validate input without the
+ * handlers' code) and answers from it what a queued run waits for.
  */
 import type { Sql } from "./pool.ts";
 import { QUEUED_TENANT_SCAN } from "./queue_sql.ts";
@@ -37,60 +38,139 @@ export interface Registration {
    * It was registered before with the same definition: input schema, max
    * attempts, concurrency limit and tenants (true
    * when created); false: the stored definition differs; null: another
-   * registration of it committed after this statement's snapshot (ask again).
+   * registration of it committed after this statement's snapshot (ask again),
+   * or it was refused (`refused`).
    */
   same: boolean | null;
+  /** This call made it its workflow's current version: the first version of its name registered. */
+  current: boolean;
+  /**
+   * Set when the version is new and was not registered because its
+   * concurrency (limit or key) differs from its workflow's: the version it
+   * must agree with (the current one; for a name this call registers first,
+   * the newest version of it in the call) and that version's concurrency.
+   * Versions of one workflow share its concurrency slots (migration 011).
+   */
+  refused: ConcurrencyOf | null;
 }
+
+/** A version's concurrency, as a refused registration names it. */
+export interface ConcurrencyOf {
+  version: number;
+  concurrency_limit: number | null;
+  concurrency_key: string | null;
+}
+
+// The advisory lock class of workflow names ("poim"): registrations of one
+// name take turns, so two versions registered at once are compared with each
+// other. The two-key form never meets the migrations' one-key lock.
+const NAME_LOCK_CLASS = 0x706f696d;
 
 /**
  * Registers `versions` for `workerId`: each `name@version` not yet in the
  * catalog is inserted; each already there is compared with what is stored
- * (jsonb equality, so key order does not matter). One statement, so two
- * workers starting at once cannot both "create" one version.
+ * (jsonb equality, so key order does not matter). A name's first version
+ * registered becomes its current one (migration 018); a new version whose
+ * concurrency differs from its workflow's is refused (`refused`). One
+ * transaction holding a lock per name, so two workers starting at once can
+ * neither both "create" one version nor register two versions of a name that
+ * disagree. Answers in the order of `versions`.
  */
 export async function registerVersions(
   sql: Sql,
   versions: CatalogVersion[],
   workerId: string,
 ): Promise<Registration[]> {
-  return await sql<Registration[]>`
-    with wanted as (
-      select * from jsonb_to_recordset(${sql.json(versions as never)}::jsonb)
-        as w(name text, version int, input_schema jsonb, max_attempts int,
-             concurrency_limit int, concurrency_key text, tenants text)
-    ),
-    ins as (
-      insert into workflow_versions (name, version, input_schema, max_attempts,
-                                     concurrency_limit, concurrency_key, tenants, registered_by)
-      select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
-             tenants, ${workerId}
-        from wanted
-      on conflict (name, version) do nothing
-      returning name, version
-    )
-    select w.name, w.version, i.name is not null as created,
-           case when i.name is not null then true
-                when v.name is null then null
-                else v.input_schema = w.input_schema
-                     and v.max_attempts is not distinct from w.max_attempts
-                     and v.concurrency_limit is not distinct from w.concurrency_limit
-                     and v.concurrency_key is not distinct from w.concurrency_key
-                     and v.tenants is not distinct from w.tenants end as same
-      from wanted w
-      left join ins i on i.name = w.name and i.version = w.version
-      left join workflow_versions v on v.name = w.name and v.version = w.version`;
+  const names = [...new Set(versions.map((v) => v.name))];
+  return await sql.begin(async (tx) => {
+    // In the order of the lock keys, so two registrations never wait on each other both ways.
+    await tx`
+      select pg_advisory_xact_lock(${NAME_LOCK_CLASS}, k)
+        from (select distinct hashtext(n) as k from unnest(${names}::text[]) n order by k) s`;
+    return await tx<Registration[]>`
+      with wanted as (
+        select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
+            as (name text, version int, input_schema jsonb, max_attempts int,
+                concurrency_limit int, concurrency_key text, tenants text))
+          with ordinality as w(name, version, input_schema, max_attempts, concurrency_limit,
+                               concurrency_key, tenants, i)
+      ),
+      -- Per name, the version every new one must agree with on concurrency:
+      -- the current one, or for a name first registered here its newest.
+      agreed as (
+        select distinct on (w.name) w.name,
+               coalesce(v.version, w.version) as version,
+               case when c.name is null then w.concurrency_limit else v.concurrency_limit end
+                 as concurrency_limit,
+               case when c.name is null then w.concurrency_key else v.concurrency_key end
+                 as concurrency_key
+          from wanted w
+          left join workflow_current c on c.name = w.name
+          left join workflow_versions v on v.name = c.name and v.version = c.version
+         order by w.name, w.version desc
+      ),
+      checked as (
+        select w.*, (w.concurrency_limit is not distinct from a.concurrency_limit
+                     and w.concurrency_key is not distinct from a.concurrency_key) as agrees,
+               a.version as agreed_version, a.concurrency_limit as agreed_limit,
+               a.concurrency_key as agreed_key
+          from wanted w join agreed a on a.name = w.name
+      ),
+      ins as (
+        insert into workflow_versions (name, version, input_schema, max_attempts,
+                                       concurrency_limit, concurrency_key, tenants, registered_by)
+        select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
+               tenants, ${workerId}
+          from checked
+         where agrees
+        on conflict (name, version) do nothing
+        returning name, version
+      ),
+      cur as (
+        insert into workflow_current (name, version, promoted_by)
+        select name, max(version), ${`registration by ${workerId}`} from ins group by name
+        on conflict (name) do nothing
+        returning name, version
+      )
+      select w.name, w.version, i.name is not null as created,
+             case when i.name is not null then true
+                  when v.name is null then null
+                  else v.input_schema = w.input_schema
+                       and v.max_attempts is not distinct from w.max_attempts
+                       and v.concurrency_limit is not distinct from w.concurrency_limit
+                       and v.concurrency_key is not distinct from w.concurrency_key
+                       and v.tenants is not distinct from w.tenants end as same,
+             cur.name is not null as current,
+             case when v.name is null and not w.agrees
+                  then jsonb_build_object('version', w.agreed_version,
+                                          'concurrency_limit', w.agreed_limit,
+                                          'concurrency_key', w.agreed_key) end as refused
+        from checked w
+        left join ins i on i.name = w.name and i.version = w.version
+        left join cur on cur.name = w.name and cur.version = w.version
+        left join workflow_versions v on v.name = w.name and v.version = w.version
+       order by w.i`;
+  });
+}
+
+/** A registered version, and whether it is its workflow's current version (migration 018). */
+export interface CatalogEntry extends CatalogVersion {
+  current: boolean;
 }
 
 /**
- * Every registered version. The catalog is as small as the workflow code
- * deployed (versions, not runs), so readers take all of it and skip what
- * they know: a version never changes.
+ * Every registered version, with which is current. The catalog is as small
+ * as the workflow code deployed (versions, not runs), so readers take all of
+ * it and skip the versions they know (a version never changes; which one is
+ * current does).
  */
-export async function selectCatalog(sql: Sql): Promise<CatalogVersion[]> {
-  return await sql<CatalogVersion[]>`
-    select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key, tenants
-      from workflow_versions
-     order by name, version`;
+export async function selectCatalog(sql: Sql): Promise<CatalogEntry[]> {
+  return await sql<CatalogEntry[]>`
+    select v.name, v.version, v.input_schema, v.max_attempts, v.concurrency_limit,
+           v.concurrency_key, v.tenants, c.version is not null as current
+      from workflow_versions v
+      left join workflow_current c on c.name = v.name and c.version = v.version
+     order by v.name, v.version`;
 }
 
 /**

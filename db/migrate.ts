@@ -35,8 +35,6 @@
 import { createPool, createSessionPool, type Sql, type TransactionSql } from "./pool.ts";
 import type { Logger } from "../core/log.ts";
 import { backoffWithJitter, delay, SECOND } from "../core/time.ts";
-import { builtinRegistry } from "../workflows/builtin.ts";
-import { registerVersions } from "./catalog.ts";
 import { MIGRATIONS } from "../migrations/embedded.ts";
 import { concurrentIndexName, runsOutsideTransaction, splitStatements } from "./migration_file.ts";
 
@@ -142,7 +140,6 @@ export async function migrate(
   } finally {
     await session?.end();
   }
-  await seedBuiltinWorkflows(sql);
   return applied;
 }
 
@@ -349,19 +346,6 @@ async function withLockRetries<T>(
       await delay(waitMs);
     }
   }
-}
-
-/**
- * Registers poimen's own workflows (echo, sleep, fail) in the catalog, as a
- * worker hosting them would, so a fresh installation admits them before any
- * worker started (their runs wait for one). Never overwrites: a registered
- * version is immutable, and a worker with another definition refuses to start.
- */
-async function seedBuiltinWorkflows(sql: Sql): Promise<void> {
-  const [{ present }] = await sql<{ present: boolean }[]>`
-    select to_regclass('workflow_versions') is not null as present`;
-  if (!present) return;
-  await registerVersions(sql, builtinRegistry().catalogVersions(), "poimen migrate");
 }
 
 /**

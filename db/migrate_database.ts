@@ -2,8 +2,8 @@
  * Migrating a database from the package: applies poimen's schema (the
  * migrations embedded in the package, so nothing is read from disk) to an
  * existing database, as `deno task migrate` does. It creates the tables and
- * registers the built-in workflows (echo, sleep, fail) in the workflow
- * catalog, and nothing else: no database, no tenant, no token, no topic.
+ * nothing else: no database, no tenant, no token, no topic, and no workflow
+ * (the catalog stays empty until a worker registers what it hosts).
  *
  * ```ts
  * import { migrateDatabase } from "@poimen/poimen/migrate";

@@ -2,10 +2,10 @@
  * `deno task up`: the whole system on one machine, for development.
  * Brings up what is not already running (Postgres when it is the local
  * server, the local Kafka broker when KAFKA_BROKERS is the default and no
- * broker answers), migrates, creates a `dev` tenant with a token and its
- * topics, starts api, relay, worker and outbox as child processes with
- * prefixed logs, prints where everything is, and stops them all on Ctrl-C
- * or SIGTERM.
+ * broker answers), migrates and registers the built-in workflows
+ * (`init --builtins`), creates a `dev` tenant with a token and its topics,
+ * starts api, relay, worker and outbox as child processes with prefixed
+ * logs, prints where everything is, and stops them all on Ctrl-C or SIGTERM.
  */
 import { z } from "zod";
 import {
@@ -60,7 +60,8 @@ const COMMAND = {
   description: `
 Brings the whole system up on this machine, for development: Postgres (the
 local server is started if stopped) and Kafka (the local broker is started when
-KAFKA_BROKERS is the default and none answers), migrates, creates tenant
+KAFKA_BROKERS is the default and none answers), migrates and registers the
+built-in workflows echo, sleep and fail (init --builtins), creates tenant
 DEV_TENANT with a token and its topics, starts api, worker, outbox and relay as
 child processes with prefixed logs, and prints the URLs, the token and a curl
 example. Ctrl-C or SIGTERM stops them all (and the broker, if up started it).
@@ -172,8 +173,9 @@ export async function up(args: string[] = []): Promise<number> {
   }
 
   const env = { DATABASE_URL: config.DATABASE_URL, ...kafkaVars };
-  await run(taskArgs("migrate"), env);
-  say("database migrated");
+  // up creates its tenant itself (below): init only migrates and registers the built-ins here.
+  await run(taskArgs("init").concat("--builtins"), { ...env, POIMEN_TENANTS: "" });
+  say("database migrated, built-in workflows registered (echo, sleep, fail)");
   const token = await run(taskArgs("token").concat(config.DEV_TENANT), env);
   const relayToken = await run(taskArgs("token").concat("--service", "relay"), env);
   await run(taskArgs("topics").concat(config.DEV_TENANT), env);

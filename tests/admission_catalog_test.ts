@@ -42,7 +42,7 @@ Deno.test("catalog: a failing input is reported per field under input, with read
   ]);
 });
 
-Deno.test("catalog: name resolves to the newest version, name@version to that one, an unknown ref to nothing", () => {
+Deno.test("catalog: name resolves to its current version (in a static set with none marked, the newest), name@version to that one, an unknown ref to nothing", () => {
   const versions = [1, 3, 2].map((version) =>
     defineWorkflow({ name: "w", version, input: z.unknown(), handler })
   );
@@ -52,6 +52,15 @@ Deno.test("catalog: name resolves to the newest version, name@version to that on
   assert.equal(catalog.resolve("w@4", "acme"), undefined);
   assert.equal(catalog.resolve("x", "acme"), undefined);
   assert.deepEqual(catalog.list("acme"), ["w@1", "w@2", "w@3"]);
+
+  const marked = new StaticCatalog(
+    new WorkflowRegistry(versions).catalogVersions().map((v) => ({
+      ...v,
+      current: v.version === 2,
+    })),
+  );
+  assert.equal(marked.resolve("w", "acme")?.version, 2, "the current one, not the newest");
+  assert.equal(marked.resolve("w@3", "acme")?.version, 3, "a newer one by its version");
 });
 
 Deno.test("catalog: a version registered without a NOTIFY reaching the API is found by the refresh an unknown workflow makes; admission pins it and takes its max attempts", async () => {
@@ -96,7 +105,7 @@ Deno.test("catalog: a version registered without a NOTIFY reaching the API is fo
   }
 });
 
-Deno.test("catalog: a version for some tenants resolves and is listed only for them; a bare name gets the newest version the tenant may start", () => {
+Deno.test("catalog: a version for some tenants resolves and is listed only for them; a bare name gets the current version, or the newest older one the tenant may start", () => {
   const v = (version: number, tenants?: string[]) =>
     defineWorkflow({ name: "report", version, tenants, input: z.unknown(), handler });
   const catalog = new StaticCatalog(
@@ -112,6 +121,15 @@ Deno.test("catalog: a version for some tenants resolves and is listed only for t
   assert.deepEqual(catalog.list("acme"), ["report@1", "report@2", "report@3"]);
   assert.deepEqual(catalog.list("team-red"), ["report@1", "report@2"]);
   assert.deepEqual(catalog.list("beta"), ["report@1"]);
+
+  // The current version is a ceiling: with 2 current, acme's bare name gets 2, not 3.
+  const atTwo = new StaticCatalog(
+    new WorkflowRegistry([v(1), v(2, ["team-*", "acme"]), v(3, ["acme"])]).catalogVersions()
+      .map((c) => ({ ...c, current: c.version === 2 })),
+  );
+  assert.equal(atTwo.resolve("report", "acme")?.version, 2);
+  assert.equal(atTwo.resolve("report", "beta")?.version, 1);
+  assert.equal(atTwo.resolve("report@3", "acme")?.version, 3);
 
   const only = new StaticCatalog(new WorkflowRegistry([v(1, ["acme"])]).catalogVersions());
   assert.equal(only.resolve("report", "beta"), undefined);

@@ -17,7 +17,8 @@ import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
 import { CONSOLE_CSP } from "../api/console/console_routes.tsx";
 import { insertTenant, insertToken } from "../db/auth.ts";
-import { registerVersions, renewWorker } from "../db/catalog.ts";
+import { type CatalogVersion, registerVersions, renewWorker } from "../db/catalog.ts";
+import { promoteVersion } from "../db/workflow_current.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { RunWatch } from "../api/run_watch.ts";
 import { createPool } from "../db/pool.ts";
@@ -122,6 +123,8 @@ Deno.test("console: pages, fragments and run events", async (t) => {
           ["/console/fragments/runs", w.acme],
           [`/console/fragments/runs/${run.run_id}`, w.acme],
           ["/console/fragments/queue", w.acme],
+          ["/console/workflows", undefined],
+          ["/console/fragments/workflows", w.acme],
           ["/console/runs/not-a-run", undefined], // 404
         ] as const
       ) {
@@ -432,6 +435,67 @@ async function readStream(res: Response): Promise<{ id: number; event: string }[
     event: m[2],
   }));
 }
+
+Deno.test("console: the workflows page lists the versions the tenant may start, which one its bare name gets, and their live workers; never another tenant's versions", async () => {
+  const w = await world();
+  try {
+    const sql = w.db.sql;
+    const v = (version: number, tenants: string | null = null): CatalogVersion => ({
+      name: "billing.invoice",
+      version,
+      input_schema: { type: "object" },
+      max_attempts: null,
+      concurrency_limit: 3,
+      concurrency_key: "/customer_id",
+      tenants,
+    });
+    await registerVersions(sql, [v(1)], "console-test");
+    await registerVersions(sql, [v(2), v(3, "globex")], "console-test");
+    await renewWorker(sql, "w-old", ["billing.invoice@1"], 60_000);
+    await renewWorker(sql, "w-new", ["billing.invoice@1", "billing.invoice@2"], 60_000);
+    const rows = async (token: string) => {
+      const page = await get(w, "/console/fragments/workflows", token);
+      assert.equal(page.status, 200, page.text);
+      assert.ok(!page.text.includes("w-old"), "worker ids are not shown");
+      return [
+        ...page.text.matchAll(
+          /<tr data-workflow="([^"]+)" data-current="(true|false)">.*?data-live-workers="(\d+)"/g,
+        ),
+      ].map((m) => [m[1], m[2] === "true", Number(m[3])]);
+    };
+    const builtins = [["echo@1", true, 0], ["fail@1", true, 0], ["sleep@1", true, 0]];
+    assert.deepEqual(await rows(w.acme), [
+      ["billing.invoice@1", true, 2],
+      ["billing.invoice@2", false, 1],
+      ...builtins,
+    ]);
+    assert.deepEqual((await rows(w.globex)).slice(0, 3), [
+      ["billing.invoice@1", true, 2],
+      ["billing.invoice@2", false, 1],
+      ["billing.invoice@3", false, 0],
+    ]);
+
+    // 3 promoted: globex gets it; acme, which may not start it, the newest older one.
+    await promoteVersion(sql, "billing.invoice", 3, "test");
+    assert.deepEqual((await rows(w.acme)).slice(0, 2), [
+      ["billing.invoice@1", false, 2],
+      ["billing.invoice@2", true, 1],
+    ]);
+    assert.deepEqual((await rows(w.globex)).slice(0, 3), [
+      ["billing.invoice@1", false, 2],
+      ["billing.invoice@2", false, 1],
+      ["billing.invoice@3", true, 0],
+    ]);
+
+    const shell = await get(w, "/console/workflows");
+    assert.equal(shell.status, 200);
+    assert.ok(shell.text.includes('data-fragment="/console/fragments/workflows"'), shell.text);
+    assert.ok(shell.text.includes('href="/console/workflows"'));
+    assert.equal((await get(w, "/console/fragments/workflows")).status, 401);
+  } finally {
+    await w.db.drop();
+  }
+});
 
 Deno.test("console: a run page's live stream is its tenant's run's event stream", async (t) => {
   const w = await world(true);

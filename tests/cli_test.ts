@@ -20,6 +20,7 @@ const COMMANDS = [
   "init",
   "token",
   "tenant",
+  "workflow",
   "topics",
   "dispatch",
   "dlq",
@@ -124,6 +125,36 @@ Deno.test("cli: token's usage mistakes name the bad value in one line, exit 2", 
     const help = await run("token", [sub, "--help"]);
     assert.equal(help.code, 0, help.stderr);
     assert.match(help.stdout, new RegExp(`^usage: token ${sub} `));
+  }
+});
+
+Deno.test("cli: workflow's usage mistakes name the bad value in one line, exit 2, before touching the database", async () => {
+  // An unreachable database: a usage mistake is found before connecting.
+  const env = { DATABASE_URL: "postgres://postgres@127.0.0.1:1/nowhere" };
+  const cases: [string[], RegExp][] = [
+    [[], /^workflow: give list or promote/],
+    [["promot", "billing.invoice@2"], /^workflow: unknown subcommand "promot": list or promote/],
+    [
+      ["promote", "billing.invoice"],
+      /^workflow promote: bad version "billing.invoice": give <name>@<version>, e.g. billing.invoice@2$/,
+    ],
+    [["promote", "Billing@2"], /^workflow promote: bad version "Billing@2"/],
+    [["promote", "billing.invoice@0"], /^workflow promote: bad version "billing.invoice@0"/],
+    [["promote"], /^usage: workflow promote <name>@<version>/],
+    [["promote", "a@1", "b@2"], /^usage: workflow promote <name>@<version>/],
+    [["list", "billing.invoice@2"], /^workflow list: bad workflow name "billing.invoice@2"/],
+    [["list", "--current"], /^workflow list: unknown option '--current'/],
+  ];
+  for (const [args, message] of cases) {
+    const out = await run("workflow", args, env);
+    assert.equal(out.code, 2, `${args.join(" ")}: ${out.stdout}${out.stderr}`);
+    assert.equal(out.stdout, "");
+    assert.match(oneLine(out.stderr), message);
+  }
+  for (const sub of ["list", "promote"]) {
+    const help = await run("workflow", [sub, "--help"]);
+    assert.equal(help.code, 0, help.stderr);
+    assert.match(help.stdout, new RegExp(`^usage: workflow ${sub} `));
   }
 });
 

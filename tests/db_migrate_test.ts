@@ -73,7 +73,7 @@ Deno.test("idempotent_admission: migrate creates a missing database", async () =
   }
 });
 
-Deno.test("idempotent_admission: the package's migrateDatabase applies the schema once and closes its connection", async () => {
+Deno.test("idempotent_admission: the package's migrateDatabase applies the schema once, registers no workflow and closes its connection", async () => {
   const db = await freshDatabase(false);
   try {
     const told: Fields[] = [];
@@ -83,6 +83,11 @@ Deno.test("idempotent_admission: the package's migrateDatabase applies the schem
     assert.deepEqual(applied, versions);
     assert.deepEqual(told.map((f) => f.version), versions);
     assert.deepEqual(await migrateDatabase(db.url), []);
+    // The schema only: no workflow (the built-ins are `init --builtins`' to register).
+    const catalog = await db.sql`
+      select (select count(*)::int from workflow_versions) as versions,
+             (select count(*)::int from workflow_current) as current`;
+    assert.deepEqual({ ...catalog[0] }, { versions: 0, current: 0 });
     // A closed connection's backend leaves pg_stat_activity a moment after the client.
     await waitFor("migrateDatabase's connections to close", async () => {
       const [open] = await db.sql`

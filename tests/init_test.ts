@@ -167,3 +167,35 @@ Deno.test("init: a relay token file that holds no poimen token is refused in one
     await db.drop();
   }
 });
+
+Deno.test("init: --builtins registers echo, sleep and fail (each current) and again changes nothing; without it, and through migrate, the catalog stays empty", async () => {
+  const db = await freshDatabase(false);
+  const env = { DATABASE_URL: db.url, LOG_LEVEL: "info" };
+  const catalog = () =>
+    db.sql<{ workflow: string; current: boolean }[]>`
+      select v.name || '@' || v.version as workflow, c.version is not null as current
+        from workflow_versions v
+        left join workflow_current c on c.name = v.name and c.version = v.version
+       order by 1`;
+  try {
+    const plain = await runCommand("init", [], env, runFlags("init"));
+    assert.equal(plain.code, 0, plain.stderr);
+    assert.deepEqual([...await catalog()], [], "init without --builtins registers no workflow");
+
+    const builtins = await runCommand("init", ["--builtins"], env, runFlags("init"));
+    assert.equal(builtins.code, 0, builtins.stderr);
+    assert.match(builtins.stderr + builtins.stdout, /built-in workflows registered/);
+    const registered = [
+      { workflow: "echo@1", current: true },
+      { workflow: "fail@1", current: true },
+      { workflow: "sleep@1", current: true },
+    ];
+    assert.deepEqual((await catalog()).map((r) => ({ ...r })), registered);
+
+    const again = await runCommand("init", ["--builtins"], env, runFlags("init"));
+    assert.equal(again.code, 0, again.stderr);
+    assert.deepEqual((await catalog()).map((r) => ({ ...r })), registered);
+  } finally {
+    await db.drop();
+  }
+});

@@ -284,6 +284,59 @@ Deno.test({
 });
 
 Deno.test({
+  name:
+    "console: the workflows page shows each version, which one is current and its live workers; a promotion moves the mark",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("acme");
+    const invoice = (version: number) =>
+      defineWorkflow({
+        name: "billing.invoice",
+        version,
+        input: z.object({ customer_id: z.string() }),
+        handler: () => Promise.resolve(null),
+      });
+    await registerVersions(s.db.sql, new WorkflowRegistry([invoice(1)]).catalogVersions(), "it");
+    await registerVersions(s.db.sql, new WorkflowRegistry([invoice(2)]).catalogVersions(), "it");
+    await renewWorker(s.db.sql, "it-v1-a", ["billing.invoice@1"], 10 * 60 * SECOND);
+    await renewWorker(s.db.sql, "it-v1-b", ["billing.invoice@1"], 10 * 60 * SECOND);
+    await renewWorker(s.db.sql, "it-canary", ["billing.invoice@2"], 10 * 60 * SECOND);
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+
+    const rows = async () => {
+      await page.locator("#workflows").waitFor();
+      const cells = await page.locator("#workflows tbody tr").evaluateAll((trs) =>
+        trs.map((tr) => [...tr.querySelectorAll("td")].slice(0, 4).map((td) => td.textContent))
+      );
+      return cells.filter((r) => r[0] === "billing.invoice");
+    };
+    await page.getByRole("link", { name: "Workflows" }).click();
+    await page.waitForURL("**/console/workflows");
+    assert.deepEqual(await rows(), [
+      ["billing.invoice", "1", "current", "2"],
+      ["billing.invoice", "2", "", "1"],
+    ]);
+    await screenshot(page, "workflows", true);
+
+    const promoted = await runCommand("workflow", ["promote", "billing.invoice@2"], {
+      DATABASE_URL: s.db.url,
+      LOG_LEVEL: "warn",
+    });
+    assert.equal(promoted.code, 0, promoted.stderr);
+    await page.reload();
+    assert.deepEqual(await rows(), [
+      ["billing.invoice", "1", "", "2"],
+      ["billing.invoice", "2", "current", "1"],
+    ]);
+
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});
+
+Deno.test({
   name: "console: a run whose dispatch key and input are markup is shown as text",
   ...BROWSER_TEST,
   async fn() {

@@ -126,7 +126,8 @@ export const greet = defineWorkflow({
 });
 export const all = [greet];
 `);
-  // echo@1 is registered by migrate (a built-in): this is another definition of it.
+  // echo@1 is registered (a built-in: freshDatabase registers them, as `init --builtins` does);
+  // this is another definition of it.
   const conflicting = await workflowModule(`
 import { z } from "zod";
 import { defineWorkflow } from "@poimen/poimen/workflow";

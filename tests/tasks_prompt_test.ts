@@ -71,6 +71,20 @@ Deno.test("tasks: token, tenant, topics, dispatch and dlq finish in a terminal w
   }
 });
 
+Deno.test("tasks: workflow list and promote finish in a terminal without a permission prompt", async () => {
+  const db = await freshDatabase();
+  const env = { DATABASE_URL: db.url };
+  try {
+    assert.match(await finish("workflow", ["list"], env), /echo +1 +current/);
+    assert.match(
+      await finish("workflow", ["promote", "echo@1"], env),
+      /echo@1 was current already/,
+    );
+  } finally {
+    await db.drop();
+  }
+});
+
 Deno.test("tasks: api, worker, outbox and relay become ready in a terminal without a permission prompt", async () => {
   const db = await freshDatabase();
   const tenant = `pty-${crypto.randomUUID().slice(0, 8)}`;

@@ -1,7 +1,8 @@
 /**
  * A worker's place in the workflow catalog (db/catalog.ts): before it claims
  * anything it registers each version it hosts — refusing to start when the
- * catalog holds another definition of one — and then keeps a liveness row
+ * catalog holds another definition of one, or when a new version's
+ * concurrency differs from its workflow's — and then keeps a liveness row
  * saying which versions it hosts, renewed while it runs and deleted when it
  * stops, so the API can say of a queued run that no live worker hosts its
  * version. A registration of new versions is announced on `poimen_catalog`
@@ -15,6 +16,14 @@ import { registerVersions, removeWorker, renewWorker } from "../db/catalog.ts";
 import { notifyCatalog } from "../db/notify.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
+
+/** `limit 5 per /customer_id`, `limit 5 per tenant`, `none`: a version's concurrency in words. */
+function concurrencyText(
+  c: { concurrency_limit?: number | null; concurrency_key?: string | null },
+): string {
+  if (c.concurrency_limit == null) return "none";
+  return `limit ${c.concurrency_limit} per ${c.concurrency_key ?? "tenant"}`;
+}
 
 /** How long a liveness row lasts without renewal: a killed worker stops counting after this. */
 export const PRESENCE_TTL_MS = 30 * SECOND;
@@ -93,6 +102,19 @@ export class WorkerPresence implements Service {
     let pending = this.#registry.catalogVersions();
     for (let round = 0; pending.length > 0; round++) {
       const found = await registerVersions(this.#sql, pending, this.#id);
+      const refused = found.find((r) => r.refused !== null);
+      if (refused) {
+        const mine = pending.find((v) => v.name === refused.name && v.version === refused.version)!;
+        throw new PoimenError(
+          "workflow-conflict",
+          `worker: workflow ${refused.name}@${refused.version} declares concurrency ${
+            concurrencyText(mine)
+          } but ${refused.name}@${refused.refused!.version} declares ${
+            concurrencyText(refused.refused!)
+          }; the versions of a workflow share its concurrency slots, so a new version must ` +
+            `declare the same (or the workflow a new name)`,
+        );
+      }
       const conflict = found.find((r) => r.same === false);
       if (conflict) {
         throw new PoimenError(
@@ -104,7 +126,12 @@ export class WorkerPresence implements Service {
       }
       for (const r of found.filter((r) => r.created)) {
         created++;
-        this.#log.info("workflow version registered", { workflow: `${r.name}@${r.version}` });
+        // Only a name's first version becomes current by itself; any later one waits for
+        // `deno task workflow promote`.
+        this.#log.info("workflow version registered", {
+          workflow: `${r.name}@${r.version}`,
+          current: r.current,
+        });
       }
       const unsettled = new Set(
         found.filter((r) => r.same === null).map((r) => `${r.name}@${r.version}`),

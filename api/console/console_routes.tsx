@@ -36,6 +36,8 @@ import { MAX_RUN_EVENTS, toRun, toRunEvent } from "../run_json.ts";
 import { listRunsPage } from "../run_list.ts";
 import type { ConsoleAssets } from "./assets.ts";
 import { QueueFragment, RunFragment, RunsFragment } from "./fragments.tsx";
+import { tenantVersions, WorkflowsFragment } from "./workflows.tsx";
+import { selectVersionListing } from "../../db/workflow_current.ts";
 import { loginShell, renderShell } from "./pages.tsx";
 
 /** The console's Content-Security-Policy. */
@@ -122,6 +124,15 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
   app.get("/queue", async (c) =>
     c.html(
       await renderShell({ page: "queue", title: "Queue", fragment: "/console/fragments/queue" }),
+    ));
+
+  app.get("/workflows", async (c) =>
+    c.html(
+      await renderShell({
+        page: "workflows",
+        title: "Workflows",
+        fragment: "/console/fragments/workflows",
+      }),
     ));
 
   // Fragments and streams: bearer tokens (app.js sends the tab's), as /v1.
@@ -217,6 +228,12 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         limited={{ groups: limitedGroups, totals: limitedTotals }}
       />,
     );
+  });
+
+  app.get("/fragments/workflows", async (c) => {
+    const tenant = c.get("principal").tenantId;
+    const versions = tenantVersions(await selectVersionListing(sql), tenant);
+    return c.html(<WorkflowsFragment tenant={tenant} versions={versions} />);
   });
 
   return app;

@@ -8,7 +8,7 @@
 import type { Child } from "hono/jsx";
 
 /** The pages a shell can be. */
-export type ShellPage = "login" | "runs" | "run" | "queue";
+export type ShellPage = "login" | "runs" | "run" | "queue" | "workflows";
 
 interface ShellProps {
   page: ShellPage;
@@ -38,6 +38,7 @@ function Shell({ page, title, fragment, live, children }: ShellProps) {
           <nav>
             <a href="/console/runs">Runs</a>
             <a href="/console/queue">Queue</a>
+            <a href="/console/workflows">Workflows</a>
           </nav>
           <button id="logout" class="quiet" type="button" hidden>Log out</button>
         </header>

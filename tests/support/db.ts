@@ -3,11 +3,15 @@
  * the real migrations, dropped at the end, so test files run in any order
  * and in parallel without seeing each other's rows. Under `deno task test`
  * a migrated one is a clone of the run's template database (dev/checks.ts),
- * which is the same migrations applied once.
+ * which is the same migrations applied once. Migrating registers no
+ * workflow; a migrated test database has the built-ins (echo, sleep, fail)
+ * registered, as `deno task up` does, unless asked not to.
  */
 import { createPool, type Sql } from "../../db/pool.ts";
 import { loadMigrations, migrate } from "../../db/migrate.ts";
+import { registerVersions } from "../../db/catalog.ts";
 import { silentLogger } from "../../core/log.ts";
+import { builtinRegistry } from "../../workflows/builtin.ts";
 
 export const ADMIN_URL = Deno.env.get("TEST_DATABASE_ADMIN_URL") ??
   "postgres://postgres@127.0.0.1:5432/postgres";
@@ -19,8 +23,19 @@ export interface TestDatabase {
   drop(): Promise<void>;
 }
 
-/** Creates and migrates a fresh database; `drop()` closes `sql` and removes it. */
-export async function freshDatabase(migrated = true): Promise<TestDatabase> {
+/** Registers the built-in workflows in the catalog, as `deno task init --builtins` does. */
+export async function registerBuiltins(sql: Sql): Promise<void> {
+  await registerVersions(sql, builtinRegistry().catalogVersions(), "tests");
+}
+
+/**
+ * Creates and migrates a fresh database, with the built-ins registered unless
+ * `builtins` is false; `drop()` closes `sql` and removes it.
+ */
+export async function freshDatabase(
+  migrated = true,
+  { builtins = true }: { builtins?: boolean } = {},
+): Promise<TestDatabase> {
   const name = `poimen_test_${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`;
   const template = migrated ? Deno.env.get("POIMEN_TEST_TEMPLATE") : undefined;
   const admin = createPool({ url: ADMIN_URL, max: 1, applicationName: "poimen-test" });
@@ -30,6 +45,7 @@ export async function freshDatabase(migrated = true): Promise<TestDatabase> {
   url.pathname = `/${name}`;
   const sql = createPool({ url: url.href, max: 10, applicationName: "poimen-test" });
   if (migrated && !template) await migrate(sql, loadMigrations(), silentLogger);
+  if (migrated && builtins) await registerBuiltins(sql);
   return {
     name,
     url: url.href,

@@ -495,6 +495,12 @@ dl.facts dd {
   border-color: #ccc;
   background: #f2f2f2;
 }
+/* A workflow's current version (the workflows page). */
+.status-current {
+  color: #1d6b3a;
+  border-color: #99d1ac;
+  background: #edf8f1;
+}
 .pager {
   display: flex;
   gap: 1rem;
