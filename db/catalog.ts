@@ -14,6 +14,8 @@ export interface CatalogVersion {
   version: number;
   /** JSON Schema (draft 2020-12) of the input. */
   input_schema: Record<string, unknown>;
+  /** JSON Schema (draft 2020-12) of the result (migration 019); null: any JSON. */
+  output_schema?: Record<string, unknown> | null;
   /** null: the API's DEFAULT_MAX_ATTEMPTS. */
   max_attempts: number | null;
   /** At most this many runs running at once per group; null: not limited. */
@@ -34,8 +36,8 @@ export interface Registration {
   /** This call registered it. */
   created: boolean;
   /**
-   * It was registered before with the same definition: input schema, max
-   * attempts, concurrency limit and tenants (true
+   * It was registered before with the same definition: input and output
+   * schemas, max attempts, concurrency limit and tenants (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again).
    */
@@ -56,14 +58,14 @@ export async function registerVersions(
   return await sql<Registration[]>`
     with wanted as (
       select * from jsonb_to_recordset(${sql.json(versions as never)}::jsonb)
-        as w(name text, version int, input_schema jsonb, max_attempts int,
+        as w(name text, version int, input_schema jsonb, output_schema jsonb, max_attempts int,
              concurrency_limit int, concurrency_key text, tenants text)
     ),
     ins as (
-      insert into workflow_versions (name, version, input_schema, max_attempts,
+      insert into workflow_versions (name, version, input_schema, output_schema, max_attempts,
                                      concurrency_limit, concurrency_key, tenants, registered_by)
-      select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
-             tenants, ${workerId}
+      select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
+             concurrency_key, tenants, ${workerId}
         from wanted
       on conflict (name, version) do nothing
       returning name, version
@@ -72,6 +74,7 @@ export async function registerVersions(
            case when i.name is not null then true
                 when v.name is null then null
                 else v.input_schema = w.input_schema
+                     and v.output_schema is not distinct from w.output_schema
                      and v.max_attempts is not distinct from w.max_attempts
                      and v.concurrency_limit is not distinct from w.concurrency_limit
                      and v.concurrency_key is not distinct from w.concurrency_key
@@ -88,7 +91,8 @@ export async function registerVersions(
  */
 export async function selectCatalog(sql: Sql): Promise<CatalogVersion[]> {
   return await sql<CatalogVersion[]>`
-    select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key, tenants
+    select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
+           concurrency_key, tenants
       from workflow_versions
      order by name, version`;
 }
