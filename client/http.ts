@@ -109,6 +109,7 @@ export type {
   WorkflowInput,
   WorkflowResult,
 } from "../contracts/workflow.ts";
+export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,
@@ -172,6 +173,7 @@ export class PoimenClient {
    * `name@version`).
    */
   result<O>(handle: RunHandle<O>, opts?: ResultOptions): Promise<O>;
+  /** The result of run `runId` of `workflow`; see the other form. */
   result<O>(
     workflow: WorkflowDefinition<unknown, O, unknown, unknown>,
     runId: string,

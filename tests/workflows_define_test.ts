@@ -10,6 +10,7 @@ import {
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { loadWorkflows } from "../worker/process.ts";
 import { ConfigError } from "../core/errors.ts";
+import { runWorker } from "../worker/run_worker.ts";
 
 const handler = () => Promise.resolve(null);
 
@@ -234,5 +235,21 @@ Deno.test('defineWorkflow: tenants is a tenant scope, stored canonical (sorted, 
       (e: unknown) => e instanceof TypeError && /^workflow team\.report@1: tenants/.test(e.message),
       JSON.stringify(tenants),
     );
+  }
+});
+
+Deno.test("runWorker: what refuses to start (a bad variable, no workflows, a bare definition) resolves with 2 for the caller to use, and leaves Deno.exitCode alone", async () => {
+  const before = Deno.exitCode;
+  const definition = defineWorkflow({ name: "bare", version: 1, input: z.unknown() });
+  const env = { DATABASE_URL: "postgres://127.0.0.1:1/none", WORKER_METRICS_PORT: "0" };
+  for (
+    const options of [
+      { workflows: [], env },
+      { workflows: [definition as never], env },
+      { workflows: [defineWorkflow({ ...definition, handler })], env: { ...env, LOG_LEVEL: "x" } },
+    ]
+  ) {
+    assert.equal(await runWorker(options), 2);
+    assert.equal(Deno.exitCode, before, "a library never sets the process's exit code");
   }
 });

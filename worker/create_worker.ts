@@ -21,6 +21,23 @@ import { createWorkerMetrics } from "./metrics.ts";
 import { slotCorrectionMetric } from "./slot_reconciler.ts";
 import { laneRepairMetric } from "./lane_repairer.ts";
 
+/**
+ * A prom-client `Registry` (`npm:prom-client@15`), seen by what a worker
+ * uses of it: its metrics are registered there, and `/metrics` reads it.
+ */
+export interface MetricsRegistry {
+  /** Adds a metric (prom-client's metrics call it themselves). */
+  registerMetric(metric: never): void;
+  /** The metric of that name, if registered. */
+  getSingleMetric(name: string): unknown;
+  /** Removes the metric of that name. */
+  removeSingleMetric(name: string): void;
+  /** The registry's metrics in the Prometheus text format. */
+  metrics(): Promise<string>;
+  /** The content type of `metrics()`. */
+  readonly contentType: string;
+}
+
 /** What `createWorker` takes; everything but `workflows` and `databaseUrl` has a default. */
 export interface CreateWorkerOptions {
   /**
@@ -55,7 +72,7 @@ export interface CreateWorkerOptions {
    * leader: docs/metrics.md); the caller serves it. Unset: no metrics. One
    * worker per registry: a second one's metrics would have the same names.
    */
-  metricsRegistry?: Registry;
+  metricsRegistry?: MetricsRegistry;
 }
 
 /** A running (or startable) worker: `start()` once, `stop()` any number of times. */
@@ -130,8 +147,9 @@ export function assembleWorker(
     options.poolSize ?? defaults.DATABASE_POOL_SIZE,
     id,
   );
-  let hooks: WorkerHooks | undefined;
-  const metricsRegistry = options.metricsRegistry;
+  let hooks: WorkerHooks = {};
+  // A prom-client Registry by contract (the interface names what is used of it).
+  const metricsRegistry = options.metricsRegistry as Registry | undefined;
   if (metricsRegistry) {
     const metrics = createWorkerMetrics(
       metricsRegistry,

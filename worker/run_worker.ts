@@ -25,7 +25,7 @@
  *
  * @module
  */
-import client from "prom-client";
+import { Registry } from "prom-client";
 import { processEnv } from "../core/config.ts";
 import { isRefusal } from "../core/errors.ts";
 import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
@@ -36,9 +36,14 @@ import { ping } from "../db/pool.ts";
 import { guardDriverFaults } from "../db/driver_guard.ts";
 import type { Workflow } from "../workflows/define.ts";
 import { defaultWorkerId, readWorkerConfig } from "./config.ts";
-import { assembleWorker } from "./create_worker.ts";
+import { assembleWorker, type MetricsRegistry } from "./create_worker.ts";
 
-export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./create_worker.ts";
+export {
+  createWorker,
+  type CreateWorkerOptions,
+  type MetricsRegistry,
+  type PoimenWorker,
+} from "./create_worker.ts";
 export type {
   ConcurrencyLimit,
   DefinitionOptions,
@@ -76,7 +81,7 @@ export interface RunWorkerOptions {
    * The prom-client registry `/metrics` serves, with the worker's metrics
    * put on it beside the caller's own; a registry of its own by default.
    */
-  metricsRegistry?: client.Registry;
+  metricsRegistry?: MetricsRegistry;
 }
 
 /**
@@ -102,7 +107,7 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     : options.workflows;
   if (workflows.length === 0) throw new TypeError("runWorker: no workflows given");
   const log = options.log ?? createLogger("worker", cfg.LOG_LEVEL);
-  const metricsRegistry = options.metricsRegistry ?? new client.Registry();
+  const metricsRegistry = (options.metricsRegistry ?? new Registry()) as Registry;
   guardDriverFaults(log, metricsRegistry);
   const { worker, sql } = assembleWorker({
     workflows,

@@ -173,6 +173,7 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
 export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
   options: WorkflowOptions<I, O, In, OIn>,
 ): Workflow<I, O, In, OIn>;
+/** Defines one version of a workflow without its handler; see the other form. */
 export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
   // `handler?: undefined`: options whose handler does not fit fail here too,
   // rather than pass as a definition.
