@@ -94,8 +94,8 @@ export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
   /** `[a-z][a-z0-9_.-]{0,99}`, e.g. `billing.invoice`. */
   name: string;
   /**
-   * An integer from 1; a run names `name` (the workflow's current version)
-   * or `name@version`. The typed client always pins the definition's.
+   * An integer from 1; a run names `name` (the newest version) or
+   * `name@version`. The typed client always pins the definition's.
    */
   version: number;
   /**
@@ -127,7 +127,9 @@ export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
    * boolean there is refused (422). A run over its limit stays queued and
    * starts when a slot of its key frees, highest priority first, then
    * oldest; the keys with room take turns. Registered in the catalog with
-   * the version: every worker and the API know it without this code.
+   * the version: every worker and the API know it without this code. The
+   * limit is per workflow name: versions that declare different limits
+   * share the newest admitted run's.
    */
   concurrency?: ConcurrencyLimit;
   /**
@@ -135,7 +137,8 @@ export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
    * (`["acme", "team-*"]`, contracts/tenant_scope.ts); unset (or `["*"]`):
    * every tenant. Registered in the catalog with the version; the API
    * answers any other tenant's run of it as an unknown workflow (422) and
-   * never names it to them.
+   * never names it to them. A run naming the workflow without a version
+   * gets the newest version its tenant may start.
    */
   tenants?: readonly string[];
 }
