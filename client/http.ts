@@ -1,11 +1,22 @@
 /**
- * The HTTP client of poimen: admit runs, read them, page through them and
- * cancel them, with the safe thing as the default.
+ * The HTTP client of poimen: start runs and wait for their results, typed
+ * by the workflow's definition, or admit, read, page through and cancel
+ * runs by name, with the safe thing as the default.
  *
- * `admitRun` retries what may pass by itself (network errors, 408, 429, 5xx,
- * 503 with its `Retry-After`) with exponential backoff and full jitter, and
- * always sends the same `dispatch_key`, so retries never make a second run.
- * Errors are `PoimenProblem`s typed from the API's problem+json `type`.
+ * `start(definition, input)` takes the input a definition
+ * (`defineWorkflow`, `@poimen/poimen/workflow`) declares, pins the run to
+ * its `name@version`, and sends a dispatch key with every attempt, so its
+ * retries never make a second run; `result(handle)` waits for the run to
+ * end and resolves with its result, typed by the definition's `output`, or
+ * rejects with a `PoimenRunError`; `run(definition, input)` is both. The
+ * producer imports the definitions only, never a handler's code.
+ *
+ * `admitRun` is the untyped form (any `workflow_ref`, a bare name included:
+ * the workflow's current version). It retries what may pass by itself
+ * (network errors, 408, 429, 5xx, 503 with its `Retry-After`) with
+ * exponential backoff and full jitter, and with a `dispatch_key` sends the
+ * same one every time, so retries never make a second run. Errors are
+ * `PoimenProblem`s typed from the API's problem+json `type`.
  *
  * `waitForRun` (and `admitRun` with `waitMs`) hold a request open until the
  * run is final (`Prefer: wait=N`), so nobody polls; `followRun` yields a
@@ -13,19 +24,18 @@
  * connection with `Last-Event-ID`.
  *
  * It needs nothing but `fetch`: at run time it loads no third-party code
- * (the run types are plain TypeScript, from contracts/wire.ts), so importing
+ * (the run types are plain TypeScript, from contracts/wire.ts, and a
+ * definition is only read for its name, version and types), so importing
  * it pulls in neither zod nor any Postgres or Kafka code.
  *
  * ```ts
  * import { PoimenClient } from "@poimen/poimen/client";
+ * import { invoice } from "./definitions.ts"; // defineWorkflow({ name, version, input, output })
  *
  * const poimen = new PoimenClient({ url: "http://127.0.0.1:8080", token: Deno.env.get("POIMEN_TOKEN")! });
- * const { run, created } = await poimen.admitRun(
- *   { workflow_ref: "echo", input: { hello: "world" } },
- *   { idempotent: true },
- * );
- * const done = await poimen.waitForRun(run.run_id, { timeoutMs: 120_000 });
- * if (done.status === "succeeded") console.log(done.result);
+ * const handle = await poimen.start(invoice, { customer_id: "cus_42", amount_cents: 12_500 });
+ * const invoiced = await poimen.result(handle); // typed by invoice's output schema
+ * console.log(invoiced.total_cents);
  * ```
  *
  * @module
@@ -60,6 +70,17 @@ import {
   transient,
 } from "./retry.ts";
 import { waitForFinal, type WaitForRunOptions, waitSeconds } from "./wait_for_run.ts";
+import type { AdmitOptions, AdmitResult, ListRunsFilter, PoimenClientOptions } from "./options.ts";
+import {
+  type ResultOptions,
+  type RunHandle,
+  type RunOptions,
+  runResult,
+  startAndWait,
+  type StartOptions,
+  startRun,
+} from "./workflow_runs.ts";
+import type { WorkflowDefinition } from "../contracts/workflow.ts";
 
 export type {
   Problem,
@@ -74,6 +95,21 @@ export type {
 export type { FollowRunOptions, ReconnectInfo } from "./follow_run.ts";
 export type { RequestOptions, RetryInfo, RetryOptions } from "./retry.ts";
 export type { WaitForRunOptions } from "./wait_for_run.ts";
+export type { AdmitOptions, AdmitResult, ListRunsFilter, PoimenClientOptions } from "./options.ts";
+export {
+  PoimenRunError,
+  type ResultOptions,
+  type RunHandle,
+  type RunOptions,
+  type StartOptions,
+} from "./workflow_runs.ts";
+export type {
+  Schema,
+  WorkflowDefinition,
+  WorkflowInput,
+  WorkflowResult,
+} from "../contracts/workflow.ts";
+export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,
@@ -83,86 +119,6 @@ export {
   type SendInit,
 } from "./problems.ts";
 export { PoimenNetworkError, PoimenProblem };
-
-/** Options of `admitRun`. */
-export interface AdmitOptions extends RequestOptions {
-  /**
-   * When the body has no `dispatch_key`, generate one (`crypto.randomUUID()`,
-   * once per call) so that the call can be retried safely. Without a key and
-   * without this, a retry could make a second run, so only answers that say
-   * nothing was admitted (408, 429, 503) are retried.
-   */
-  idempotent?: boolean;
-  /** A W3C `traceparent` to pass on (the run's admission joins that trace). */
-  traceparent?: string;
-  /**
-   * Wait up to this long, in ms, for the run to be final before answering
-   * (`Prefer: wait=N`: rounded up to whole seconds, at most 60 s). The run
-   * comes back as it then is: check its `status`, and call `waitForRun`
-   * to wait longer. Each attempt may take this much longer than `timeoutMs`.
-   * Without it, the API answers at once.
-   */
-  waitMs?: number;
-}
-
-/** What `admitRun` came to. */
-export interface AdmitResult {
-  /** The run: the new one, or the one the `dispatch_key` already named. */
-  run: Run;
-  /**
-   * This call made the run: the API answered 201, or 200 for a key this
-   * client generated (nobody else knows it, so the run was made by an earlier
-   * attempt of this call whose answer was lost).
-   */
-  created: boolean;
-  /** The API answered with an existing run (200, `Idempotent-Replayed: true`). */
-  replayed: boolean;
-  /**
-   * The existing run was asked for with a different body
-   * (`Idempotent-Body-Mismatch: true`): the same key was reused for another
-   * request, most likely a caller bug.
-   */
-  bodyMismatch: boolean;
-  /** The `dispatch_key` sent (the caller's or the generated one); null when none. */
-  dispatchKey: string | null;
-  /** How many attempts the call took. */
-  attempts: number;
-}
-
-/** Which runs `listRuns` returns; all optional. */
-export interface ListRunsFilter {
-  /** Only the runs of this goal. */
-  goal_id?: string;
-  /** Only the run asked for with this key. */
-  dispatch_key?: string;
-  /** Only runs in this status. */
-  status?: RunStatus;
-  /** Runs per page, 1–500 (default 50). */
-  limit?: number;
-  /** Start after this cursor (a `next_cursor` of an earlier page). */
-  cursor?: string;
-  /**
-   * A run's large values to include (`fields=`): a list leaves `input` and
-   * `result` out unless asked for.
-   */
-  fields?: readonly ("input" | "result")[];
-}
-
-/** Options of `new PoimenClient`. */
-export interface PoimenClientOptions {
-  /** Base URL of the API, e.g. `http://127.0.0.1:8080` (a path prefix is kept). */
-  url: string;
-  /** A tenant token, or a service token together with `tenant`. */
-  token: string;
-  /** The tenant a service token acts for (sent as `Poimen-Tenant`). */
-  tenant?: string;
-  /** The `fetch` to use (default: the global one). */
-  fetch?: typeof fetch;
-  /** Longest one attempt may take, in ms (default 30 s). */
-  timeoutMs?: number;
-  /** Default retry options of every call. */
-  retry?: RetryOptions;
-}
 
 const DEFAULT_TIMEOUT = 30 * SECOND;
 
@@ -191,7 +147,66 @@ export class PoimenClient {
   }
 
   /**
-   * Asks for a run (`POST /v1/runs`). With a `dispatch_key` (given, or
+   * Starts a run of `workflow` with `input` (`POST /v1/runs`), both typed
+   * by the definition: an input its schema does not take does not compile.
+   * The run is pinned to the definition's `name@version`, whose types these
+   * are. A dispatch key (`opts.dispatchKey`, or one generated per call) goes
+   * with every attempt, so network errors, 408, 429 and 5xx are retried and
+   * the call makes at most one run. Resolves with a handle for `result`;
+   * rejects with a `PoimenProblem` (a 422 `validation` names the field), a
+   * `PoimenNetworkError` once retries are spent, or the signal's reason.
+   */
+  start<In, O>(
+    workflow: WorkflowDefinition<unknown, O, In, unknown>,
+    input: NoInfer<In>,
+    opts: StartOptions = {},
+  ): Promise<RunHandle<O>> {
+    return startRun(this, workflow, input, opts);
+  }
+
+  /**
+   * Waits for a run to end (as `waitForRun` does, by default for as long as
+   * it takes) and resolves with its result, typed by its definition's
+   * `output`; rejects with a `PoimenRunError` when it failed, was cancelled
+   * or had not ended within `timeoutMs`. Takes the handle `start` gave, or
+   * the definition and a run id (a `TypeError` when the run is of another
+   * `name@version`).
+   */
+  result<O>(handle: RunHandle<O>, opts?: ResultOptions): Promise<O>;
+  /** The result of run `runId` of `workflow`; see the other form. */
+  result<O>(
+    workflow: WorkflowDefinition<unknown, O, unknown, unknown>,
+    runId: string,
+    opts?: ResultOptions,
+  ): Promise<O>;
+  result<O>(
+    target: RunHandle<O> | WorkflowDefinition<unknown, O, unknown, unknown>,
+    runIdOrOpts?: string | ResultOptions,
+    opts: ResultOptions = {},
+  ): Promise<O> {
+    if (typeof runIdOrOpts === "string") {
+      return runResult(this, target as WorkflowDefinition<unknown, O>, runIdOrOpts, opts);
+    }
+    const handle = target as RunHandle<O>;
+    return runResult(this, handle.workflow, handle.runId, runIdOrOpts ?? {}, handle.run);
+  }
+
+  /**
+   * Starts a run and waits for its result: `start`, then `result`. Resolves
+   * with the result, typed by the definition's `output`; rejects as either.
+   */
+  run<In, O>(
+    workflow: WorkflowDefinition<unknown, O, In, unknown>,
+    input: NoInfer<In>,
+    opts: RunOptions = {},
+  ): Promise<O> {
+    return startAndWait(this, workflow, input, opts);
+  }
+
+  /**
+   * Asks for a run (`POST /v1/runs`), untyped: any `workflow_ref`, `name`
+   * (its current version) or `name@version`; `start` is the typed form.
+   * With a `dispatch_key` (given, or
    * generated with `{ idempotent: true }`) every attempt sends the same key,
    * so network errors, 408, 429 and 5xx are retried and the call still makes
    * at most one run; without one, only 408, 429 and 503 are. Rejects with a

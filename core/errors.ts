@@ -17,7 +17,7 @@ export interface ErrorKind {
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
  * never reach HTTP (`config`, `workflow-conflict`, `invalid-input`,
- * `bad-result`, `result-too-large`, `lease-expired`, `kafka-unavailable`,
+ * `invalid-output`, `bad-result`, `result-too-large`, `lease-expired`, `kafka-unavailable`,
  * `kafka-refused`) still get a status,
  * so that one type covers all.
  */
@@ -100,6 +100,19 @@ export const ERRORS = {
    * run error, never HTTP. Final: the same input fails every attempt.
    */
   "invalid-input": { status: 500, title: "Input rejected by the workflow", retryable: false },
+  /**
+   * A handler's result failed its workflow's `output` schema in the worker
+   * (a run error, never HTTP; `error.issues` names the fields). Not
+   * retryable: the run fails at once. The handler broke the shape its
+   * definition promises callers, which the same code and input would break
+   * again; the fix is a deploy, and the run's attempts would be spent
+   * waiting for it.
+   */
+  "invalid-output": {
+    status: 500,
+    title: "Result rejected by the workflow's output schema",
+    retryable: false,
+  },
   /** A workflow handler returned a result that is not JSON (a run error, never HTTP). */
   "bad-result": { status: 500, title: "Workflow result is not JSON", retryable: false },
   /**

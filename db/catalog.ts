@@ -15,6 +15,8 @@ export interface CatalogVersion {
   version: number;
   /** JSON Schema (draft 2020-12) of the input. */
   input_schema: Record<string, unknown>;
+  /** JSON Schema (draft 2020-12) of the result (migration 019); null: any JSON. */
+  output_schema?: Record<string, unknown> | null;
   /** null: the API's DEFAULT_MAX_ATTEMPTS. */
   max_attempts: number | null;
   /** At most this many runs running at once per group; null: not limited. */
@@ -35,8 +37,8 @@ export interface Registration {
   /** This call registered it. */
   created: boolean;
   /**
-   * It was registered before with the same definition: input schema, max
-   * attempts, concurrency limit and tenants (true
+   * It was registered before with the same definition: input and output
+   * schemas, max attempts, concurrency limit and tenants (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again),
    * or it was refused (`refused`).
@@ -90,10 +92,10 @@ export async function registerVersions(
     return await tx<Registration[]>`
       with wanted as (
         select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
-            as (name text, version int, input_schema jsonb, max_attempts int,
-                concurrency_limit int, concurrency_key text, tenants text))
-          with ordinality as w(name, version, input_schema, max_attempts, concurrency_limit,
-                               concurrency_key, tenants, i)
+            as (name text, version int, input_schema jsonb, output_schema jsonb,
+                max_attempts int, concurrency_limit int, concurrency_key text, tenants text))
+          with ordinality as w(name, version, input_schema, output_schema, max_attempts,
+                               concurrency_limit, concurrency_key, tenants, i)
       ),
       -- Per name, the version every new one must agree with on concurrency:
       -- the current one, or for a name first registered here its newest.
@@ -117,10 +119,10 @@ export async function registerVersions(
           from wanted w join agreed a on a.name = w.name
       ),
       ins as (
-        insert into workflow_versions (name, version, input_schema, max_attempts,
+        insert into workflow_versions (name, version, input_schema, output_schema, max_attempts,
                                        concurrency_limit, concurrency_key, tenants, registered_by)
-        select name, version, input_schema, max_attempts, concurrency_limit, concurrency_key,
-               tenants, ${workerId}
+        select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
+               concurrency_key, tenants, ${workerId}
           from checked
          where agrees
         on conflict (name, version) do nothing
@@ -136,6 +138,7 @@ export async function registerVersions(
              case when i.name is not null then true
                   when v.name is null then null
                   else v.input_schema = w.input_schema
+                       and v.output_schema is not distinct from w.output_schema
                        and v.max_attempts is not distinct from w.max_attempts
                        and v.concurrency_limit is not distinct from w.concurrency_limit
                        and v.concurrency_key is not distinct from w.concurrency_key
@@ -166,7 +169,7 @@ export interface CatalogEntry extends CatalogVersion {
  */
 export async function selectCatalog(sql: Sql): Promise<CatalogEntry[]> {
   return await sql<CatalogEntry[]>`
-    select v.name, v.version, v.input_schema, v.max_attempts, v.concurrency_limit,
+    select v.name, v.version, v.input_schema, v.output_schema, v.max_attempts, v.concurrency_limit,
            v.concurrency_key, v.tenants, c.version is not null as current
       from workflow_versions v
       left join workflow_current c on c.name = v.name and c.version = v.version

@@ -1,11 +1,13 @@
 /**
  * examples/billing as a user has it: copied to a folder outside the
  * repository, its deno.json linking `@poimen/poimen` to this checkout, it
- * type-checks; its worker (`deno run` with the permissions of its own
- * `worker` task, in the copy) hosts its workflows against the real API and
- * relay; its submit.ts admits over HTTP and over Kafka and both runs succeed
- * with the handlers' results; a bad input is a 422 naming the field. Then
- * the checkout's stock worker hosts the same module (`--workflows`). And the
+ * type-checks, and its producer side (submit.ts, definitions.ts) loads no
+ * handler and no worker code; its worker (`deno run` with the permissions
+ * of its own `worker` task, in the copy) implements and hosts the
+ * definitions against the real API and relay; its submit.ts starts runs
+ * with the typed client over HTTP and over Kafka and both succeed with the
+ * handlers' results; a bad input is a 422 naming the field. Then the
+ * checkout's stock worker hosts the same worker.ts (`--workflows`). And the
  * published package holds every module its exports load (`links` does not
  * read `publish.include`, so only a dry run can tell).
  */
@@ -155,15 +157,31 @@ function finished(client: PoimenClient, id: string): Promise<Run> {
   }, LONG);
 }
 
-Deno.test("examples billing: the copied project type-checks against the linked package", async () => {
+Deno.test("examples billing: the copied project type-checks against the linked package; submit.ts loads no handler or worker code", async () => {
   const dir = await copyProject();
   try {
     const out = await new Deno.Command(Deno.execPath(), {
-      args: ["check", "workflows.ts", "worker.ts", "submit.ts"],
+      args: ["check", "definitions.ts", "worker.ts", "submit.ts"],
       cwd: dir,
       env: { NO_COLOR: "1" },
     }).output();
     assert.equal(out.code, 0, new TextDecoder().decode(out.stderr));
+    for (const producer of ["submit.ts", "definitions.ts"]) {
+      const info = await new Deno.Command(Deno.execPath(), {
+        args: ["info", "--json", producer],
+        cwd: dir,
+        env: { NO_COLOR: "1" },
+      }).output();
+      assert.equal(info.code, 0, new TextDecoder().decode(info.stderr));
+      const modules = (JSON.parse(new TextDecoder().decode(info.stdout)) as {
+        modules: { specifier: string }[];
+      }).modules.map((m) => m.specifier);
+      assert.ok(modules.some((m) => m.endsWith("/definitions.ts")), modules.join("\n"));
+      const handlers = modules.filter((m) =>
+        m === `file://${dir}/worker.ts` || m.startsWith(`file://${PROJECT_ROOT}worker/`)
+      );
+      assert.deepEqual(handlers, [], `${producer} loads the worker's code`);
+    }
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
@@ -298,7 +316,7 @@ Deno.test({
     }),
 });
 
-Deno.test("examples billing: the stock worker hosts workflows.ts with --workflows", () =>
+Deno.test("examples billing: the stock worker hosts worker.ts's implementations with --workflows", () =>
   withStack(async ({ db, client }) => {
     const dir = await copyProject();
     // The checkout's own task permissions (runFlags of `worker`), run from the checkout.
@@ -308,7 +326,7 @@ Deno.test("examples billing: the stock worker hosts workflows.ts with --workflow
       WORKER_METRICS_PORT: "0",
       WORKER_POLL_MS: "200",
       LOG_LEVEL: "warn",
-    }, ["--workflows", `${dir}/workflows.ts`]);
+    }, ["--workflows", `${dir}/worker.ts`]);
     let failed = true;
     try {
       await registered(db, {
@@ -317,6 +335,7 @@ Deno.test("examples billing: the stock worker hosts workflows.ts with --workflow
         },
         logs: () => worker.logs().join("\n"),
       });
+      // admitRun, the untyped form, still takes any workflow_ref.
       const { run } = await client.admitRun({
         workflow_ref: "billing.invoice@1",
         input: { customer_id: "cus_7", amount_cents: 999, currency: "USD" },

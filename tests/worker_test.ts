@@ -599,6 +599,81 @@ Deno.test("worker: input the catalog's JSON Schema admits but the full zod schem
   }
 });
 
+Deno.test("worker: a result its output schema refuses ends the run failed with invalid-output on its first attempt, naming the field; one it takes is stored as parsed", async () => {
+  const priced = defineWorkflow({
+    name: "priced",
+    version: 1,
+    maxAttempts: 5,
+    input: z.object({ bad: z.boolean() }),
+    output: z.object({ total: z.number() }),
+    // The wrong shape for `bad`, as a handler with a bug would return it.
+    handler: ({ bad }) => (bad ? { total: "12" } : { total: 12, extra: "dropped" }) as never,
+  });
+  const registry = builtinRegistry().register(priced);
+  const { db, admit } = await setup(registry);
+  const w = worker(db.sql, {}, registry);
+  try {
+    await w.start();
+    const [stored] = await db.sql<{ output_schema: unknown }[]>`
+      select output_schema from workflow_versions where name = 'priced' and version = 1`;
+    assert.deepEqual(stored.output_schema, priced.outputSchema, "registered as JSON Schema");
+    const badRun = await admit("priced@1", { bad: true });
+    const goodRun = await admit("priced@1", { bad: false });
+    const bad = await waitFor("run failed", statusIs(db.sql, badRun, "failed"), 10_000);
+    assert.equal(bad.attempts, 1, "final: not retried");
+    assert.equal(bad.error?.code, "invalid-output");
+    assert.match(
+      String(bad.error?.message),
+      /result of priced@1 does not match its output schema: total:/,
+    );
+    assert.deepEqual((bad.error?.issues as { path: string }[]).map((i) => i.path), ["total"]);
+    assert.equal(bad.result, null);
+    const good = await waitFor("run succeeded", statusIs(db.sql, goodRun, "succeeded"), 10_000);
+    assert.deepEqual(good.result, { total: 12 }, "the parsed value: unknown keys dropped");
+    const evs = await events(db.sql, goodRun);
+    assert.deepEqual(evs.at(-1)?.payload.result, { total: 12 });
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("worker: a version registered again with another output schema, or none, is a workflow-conflict", async () => {
+  const { db } = await setup();
+  const base = {
+    name: "shaped",
+    version: 1,
+    input: z.unknown(),
+    // Never called: only registration is tested.
+    handler: () => Promise.resolve(null as never),
+  };
+  const first = worker(
+    db.sql,
+    {},
+    new WorkflowRegistry([
+      defineWorkflow({ ...base, output: z.object({ n: z.number() }) }),
+    ]),
+  );
+  const others = [
+    defineWorkflow({ ...base, output: z.object({ n: z.string() }) }),
+    defineWorkflow(base),
+  ].map((wf) => worker(db.sql, {}, new WorkflowRegistry([wf])));
+  try {
+    await first.start();
+    for (const other of others) {
+      await assert.rejects(other.start(), (err: unknown) => {
+        assert.equal((err as PoimenError).code, "workflow-conflict");
+        assert.match((err as Error).message, /shaped@1 is already registered/);
+        return true;
+      });
+    }
+  } finally {
+    for (const other of others) await other.stop();
+    await first.stop();
+    await db.drop();
+  }
+});
+
 /** Queries sent by `application` since `since` (the latest query of each of its connections). */
 // `since` as Postgres' text: a JS Date keeps milliseconds only, and a query
 // that ended just before it, in the same millisecond, would seem to follow it.

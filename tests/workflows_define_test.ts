@@ -1,10 +1,16 @@
 import assert from "node:assert/strict";
 import { concurrencyKeyOf } from "../contracts/concurrency.ts";
 import { z } from "zod";
-import { defineWorkflow, isWorkflow } from "../workflows/define.ts";
+import {
+  defineWorkflow,
+  implement,
+  isWorkflow,
+  isWorkflowDefinition,
+} from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { loadWorkflows } from "../worker/process.ts";
 import { ConfigError } from "../core/errors.ts";
+import { runWorker } from "../worker/run_worker.ts";
 
 const handler = () => Promise.resolve(null);
 
@@ -42,6 +48,7 @@ Deno.test("defineWorkflow: a bad name, version, maxAttempts, concurrency, input 
       [{ ...ok, maxAttempts: 0 }, /maxAttempts must be/],
       [{ ...ok, input: { parse: () => 1 } }, /input must be a zod schema/],
       [{ ...ok, handler: "no" }, /handler must be a function/],
+      [{ ...ok, output: { parse: () => 1 } }, /a@1: output must be a zod schema/],
       [{ ...ok, concurrency: { limit: 0 } }, /a@1: concurrency.limit must be an integer/],
       [{ ...ok, concurrency: { limit: 2.5 } }, /concurrency.limit must be an integer/],
       [{ ...ok, concurrency: { limit: 1, key: "customer_id" } }, /concurrency.key must be a JSON/],
@@ -89,7 +96,52 @@ Deno.test("registry: one name@version twice is refused naming it; claims and the
   assert.equal(r.resolve("a"), undefined, "a worker runs pinned versions only");
 });
 
-Deno.test("--workflows: takes every defineWorkflow export and those in exported arrays, once each; a module with none, or that cannot load, is a ConfigError naming it", async () => {
+Deno.test("defineWorkflow: without a handler it is a definition only; implement adds one, keeping every field; the output is registered as JSON Schema (output side)", () => {
+  const def = defineWorkflow({
+    name: "shop.order",
+    version: 3,
+    input: z.object({ sku: z.string(), qty: z.number().int().default(1) }),
+    output: z.object({ total: z.number(), note: z.string().default("") }),
+    maxAttempts: 2,
+    concurrency: { limit: 4, key: "/sku" },
+    tenants: ["acme"],
+  });
+  assert.equal(isWorkflowDefinition(def), true);
+  assert.equal(isWorkflow(def), false, "no handler: a worker cannot host it");
+  assert.ok(Object.isFrozen(def));
+  assert.deepEqual(def.inputSchema.required, ["sku"], "the input side: qty has a default");
+  assert.deepEqual(def.outputSchema?.required, ["total", "note"], "the output side: note is set");
+  assert.equal(defineWorkflow({ ...def, input: z.unknown() }).outputSchema !== undefined, true);
+  assert.equal(
+    defineWorkflow({ name: "n", version: 1, input: z.unknown() }).outputSchema,
+    undefined,
+  );
+
+  const impl = implement(def, (input) => ({ total: input.qty * 2 }));
+  assert.equal(isWorkflow(impl), true);
+  assert.equal(isWorkflowDefinition(impl), true);
+  assert.ok(Object.isFrozen(impl));
+  for (const key of ["name", "version", "input", "output", "maxAttempts", "tenants"] as const) {
+    assert.equal(impl[key], def[key], key);
+  }
+  assert.deepEqual(impl.concurrency, def.concurrency);
+  assert.equal(impl.inputSchema, def.inputSchema);
+  assert.equal(impl.outputSchema, def.outputSchema);
+  const [row] = new WorkflowRegistry([impl]).catalogVersions();
+  assert.deepEqual(row.output_schema, def.outputSchema);
+  assert.equal(
+    new WorkflowRegistry([implement(defineWorkflow({ ...def, output: undefined }), handler)])
+      .catalogVersions()[0].output_schema,
+    null,
+    "no output: any JSON",
+  );
+  assert.throws(
+    () => new WorkflowRegistry([def as never]),
+    /shop\.order@3 is a definition without/,
+  );
+});
+
+Deno.test("--workflows: takes every implementation exported and those in exported arrays, once each, leaving definitions out; a module with none, or that cannot load, is a ConfigError naming it", async () => {
   const dir = await Deno.makeTempDir();
   try {
     const define = new URL("../workflows/define.ts", import.meta.url).href;
@@ -101,14 +153,30 @@ export const one = defineWorkflow({ name: "one", version: 1, input: z.unknown(),
 const two = defineWorkflow({ name: "two", version: 1, input: z.unknown(), handler: () => Promise.resolve(2) });
 export default [one, two];
 export const notAWorkflow = { name: "three", version: 1 };
+export const definitionOnly = defineWorkflow({ name: "four", version: 1, input: z.unknown() });
 `,
     );
     await Deno.writeTextFile(`${dir}/none.ts`, `export const x = 1;\n`);
+    await Deno.writeTextFile(
+      `${dir}/definitions.ts`,
+      `import { z } from "zod";
+import { defineWorkflow } from "${define}";
+export const a = defineWorkflow({ name: "a", version: 2, input: z.unknown() });
+export const b = defineWorkflow({ name: "b", version: 1, input: z.unknown() });
+`,
+    );
     const found = await loadWorkflows(`${dir}/mod.ts`);
     assert.deepEqual(found.map((w) => w.name).sort(), ["one", "two"]);
     await assert.rejects(
       () => loadWorkflows(`${dir}/none.ts`),
       (e: unknown) => e instanceof ConfigError && /none\.ts: exports no workflow/.test(e.message),
+    );
+    await assert.rejects(
+      () => loadWorkflows(`${dir}/definitions.ts`),
+      (e: unknown) =>
+        e instanceof ConfigError &&
+        /definitions\.ts: exports no workflow .*a@2, b@1 are definitions without a handler/
+          .test(e.message),
     );
     await assert.rejects(
       () => loadWorkflows(`${dir}/missing.ts`),
@@ -167,5 +235,21 @@ Deno.test('defineWorkflow: tenants is a tenant scope, stored canonical (sorted, 
       (e: unknown) => e instanceof TypeError && /^workflow team\.report@1: tenants/.test(e.message),
       JSON.stringify(tenants),
     );
+  }
+});
+
+Deno.test("runWorker: what refuses to start (a bad variable, no workflows, a bare definition) resolves with 2 for the caller to use, and leaves Deno.exitCode alone", async () => {
+  const before = Deno.exitCode;
+  const definition = defineWorkflow({ name: "bare", version: 1, input: z.unknown() });
+  const env = { DATABASE_URL: "postgres://127.0.0.1:1/none", WORKER_METRICS_PORT: "0" };
+  for (
+    const options of [
+      { workflows: [], env },
+      { workflows: [definition as never], env },
+      { workflows: [defineWorkflow({ ...definition, handler })], env: { ...env, LOG_LEVEL: "x" } },
+    ]
+  ) {
+    assert.equal(await runWorker(options), 2);
+    assert.equal(Deno.exitCode, before, "a library never sets the process's exit code");
   }
 });

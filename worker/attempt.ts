@@ -1,9 +1,10 @@
 /**
  * One claimed attempt of a run: what this worker knows of it while it holds
  * the run (`Attempt`), and executing it: resolving the pinned workflow
- * version, validating the stored input again and calling the handler with
- * its context, whose `signal` is aborted when the lease is lost, a cancel
- * is requested or the worker shuts down.
+ * version, validating the stored input again, calling the handler with its
+ * context, whose `signal` is aborted when the lease is lost, a cancel is
+ * requested or the worker shuts down, and checking its result against the
+ * version's output schema.
  */
 import type { Logger } from "../core/log.ts";
 import type { AttemptError } from "../db/attempt_end.ts";
@@ -106,17 +107,15 @@ export async function runHandler(
       ok: false,
       final: true,
       error: attemptError("invalid-input", `input does not match ${ref}`, {
-        issues: parsed.error.issues.map((i: { path: PropertyKey[]; message: string }) => ({
-          path: i.path.map(String).join("."),
-          message: i.message,
-        })),
+        issues: issuesOf(parsed.error.issues),
       }),
     };
   }
+  let result: unknown;
   try {
     // A span of the run's trace (a no-op unless tracing is on): what the
     // handler fetches carries it on.
-    const result = await inSpan(
+    result = await inSpan(
       `poimen run ${ref}`,
       remoteContext(run.traceparent),
       {
@@ -124,8 +123,8 @@ export async function runHandler(
         "poimen.run_id": run.run_id,
         "poimen.attempt": run.attempts,
       },
-      () =>
-        wf.handler(parsed.data, {
+      async () =>
+        await wf.handler(parsed.data, {
           tenantId: run.tenant_id,
           runId: run.run_id,
           attempt: run.attempts,
@@ -133,7 +132,6 @@ export async function runHandler(
           log: attempt.log,
         }),
     );
-    return { ok: true, result };
   } catch (err) {
     return {
       ok: false,
@@ -141,4 +139,31 @@ export async function runHandler(
       error: { message: errorMessage(err), name: err instanceof Error ? err.name : undefined },
     };
   }
+  if (!wf.output) return { ok: true, result };
+  const checked = wf.output.safeParse(result);
+  if (!checked.success) {
+    // Final, like a result that is not JSON: the handler broke its
+    // definition's promise to callers, and the same code would break it again.
+    const issues = issuesOf(checked.error.issues);
+    return {
+      ok: false,
+      final: true,
+      error: attemptError(
+        "invalid-output",
+        `the result of ${ref} does not match its output schema: ${
+          issues.slice(0, 3).map((i) => `${i.path || "(result)"}: ${i.message}`).join("; ")
+        }`,
+        { issues },
+      ),
+    };
+  }
+  // The parsed value is stored: unknown keys dropped, transforms applied, as typed for callers.
+  return { ok: true, result: checked.data };
+}
+
+/** A zod error's issues as a run's error carries them: a dotted path and zod's message. */
+function issuesOf(
+  issues: readonly { path: PropertyKey[]; message: string }[],
+): { path: string; message: string }[] {
+  return issues.map((i) => ({ path: i.path.map(String).join("."), message: i.message }));
 }

@@ -1,22 +1,49 @@
 /**
  * A worker for a team's own workflows, embedded in its own process:
  * `createWorker` from `@poimen/poimen/worker`. It opens its own Postgres
- * pools and closes them when it stops; `runWorker` (worker/run_worker.ts)
- * wraps it as a whole process, with the environment, metrics, health and
- * signals of `deno task worker`.
+ * pools and closes them when it stops, and puts its metrics on the
+ * caller's registry; `runWorker` (worker/run_worker.ts) wraps the same
+ * worker as a whole process, with the environment, metrics server, health
+ * and signals of `deno task worker`.
  */
+import type { Registry } from "prom-client";
 import type { Logger } from "../core/log.ts";
 import { createLogger } from "../core/log.ts";
 import { once } from "../core/lifecycle.ts";
 import { createPool, type Sql } from "../db/pool.ts";
+import { queueStats } from "../db/queue_stats.ts";
 import type { Workflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { Worker } from "./worker.ts";
+import type { WorkerHooks } from "./hooks.ts";
 import { defaultWorkerId, readWorkerConfig } from "./config.ts";
+import { createWorkerMetrics } from "./metrics.ts";
+import { slotCorrectionMetric } from "./slot_reconciler.ts";
+import { laneRepairMetric } from "./lane_repairer.ts";
+
+/**
+ * A prom-client `Registry` (`npm:prom-client@15`), seen by what a worker
+ * uses of it: its metrics are registered there, and `/metrics` reads it.
+ */
+export interface MetricsRegistry {
+  /** Adds a metric (prom-client's metrics call it themselves). */
+  registerMetric(metric: never): void;
+  /** The metric of that name, if registered. */
+  getSingleMetric(name: string): unknown;
+  /** Removes the metric of that name. */
+  removeSingleMetric(name: string): void;
+  /** The registry's metrics in the Prometheus text format. */
+  metrics(): Promise<string>;
+  /** The content type of `metrics()`. */
+  readonly contentType: string;
+}
 
 /** What `createWorker` takes; everything but `workflows` and `databaseUrl` has a default. */
 export interface CreateWorkerOptions {
-  /** The workflow versions this worker hosts (made with `defineWorkflow`); at least one. */
+  /**
+   * The workflow versions this worker hosts: implementations (`implement`,
+   * or `defineWorkflow` with a handler); at least one.
+   */
   // deno-lint-ignore no-explicit-any
   workflows: readonly Workflow<any>[];
   /** `postgres://…` of poimen's database (migrated: `deno task migrate` or `@poimen/poimen/migrate`). */
@@ -39,6 +66,13 @@ export interface CreateWorkerOptions {
   poolSize?: number;
   /** Where log lines go; JSON lines on stderr at `info` by default. */
   log?: Logger;
+  /**
+   * A prom-client registry of the caller's to put the worker's metrics on
+   * (`poimen_worker_*`, and the queue-wide gauges while it is the fleet's
+   * leader: docs/metrics.md); the caller serves it. Unset: no metrics. One
+   * worker per registry: a second one's metrics would have the same names.
+   */
+  metricsRegistry?: MetricsRegistry;
 }
 
 /** A running (or startable) worker: `start()` once, `stop()` any number of times. */
@@ -80,9 +114,28 @@ export function workerPools(
 
 /**
  * Makes a worker hosting `options.workflows`. Throws a `TypeError` when no
- * workflow is given or one `name@version` is given twice.
+ * workflow is given, one `name@version` is given twice or one has no
+ * handler (a definition not implemented).
  */
 export function createWorker(options: CreateWorkerOptions): PoimenWorker {
+  const { worker, stop } = assembleWorker(options);
+  return {
+    id: worker.id,
+    get inFlight() {
+      return worker.inFlight;
+    },
+    start: (signal) => worker.start(signal),
+    stop,
+  };
+}
+
+/**
+ * The worker `createWorker` makes, with its main pool (a process pings it
+ * for readiness) and a `stop` that stops the worker, then ends the pools.
+ */
+export function assembleWorker(
+  options: CreateWorkerOptions,
+): { worker: Worker; sql: Sql; stop: () => Promise<void> } {
   if (options.workflows.length === 0) throw new TypeError("createWorker: no workflows given");
   const registry = new WorkflowRegistry(options.workflows);
   const id = options.id ?? defaultWorkerId();
@@ -94,6 +147,26 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
     options.poolSize ?? defaults.DATABASE_POOL_SIZE,
     id,
   );
+  let hooks: WorkerHooks = {};
+  // A prom-client Registry by contract (the interface names what is used of it).
+  const metricsRegistry = options.metricsRegistry as Registry | undefined;
+  if (metricsRegistry) {
+    const metrics = createWorkerMetrics(
+      metricsRegistry,
+      // The queue-wide gauges are the leader's to report: one process reads
+      // the queue per scrape interval, not every worker. Only called at
+      // scrape time, after `worker` exists.
+      () => worker.isLeader ? queueStats(sql) : Promise.resolve(null),
+      () => worker.inFlight,
+      log,
+      () => worker.isLeader,
+    );
+    hooks = {
+      ...metrics.hooks,
+      onSlotCorrected: slotCorrectionMetric(metricsRegistry),
+      onLaneRepaired: laneRepairMetric(metricsRegistry),
+    };
+  }
   const worker = new Worker(sql, registry, {
     id,
     concurrency: options.concurrency ?? defaults.WORKER_CONCURRENCY,
@@ -103,6 +176,7 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
     shutdownMs: options.shutdownMs ?? defaults.WORKER_SHUTDOWN_MS,
     resultMaxBytes: options.resultMaxBytes ?? defaults.RUN_RESULT_MAX_BYTES,
     log,
+    hooks,
     listener,
     leaderSession,
   });
@@ -113,12 +187,5 @@ export function createWorker(options: CreateWorkerOptions): PoimenWorker {
       await sql.end({ timeout: 5 });
     }
   });
-  return {
-    id,
-    get inFlight() {
-      return worker.inFlight;
-    },
-    start: (signal) => worker.start(signal),
-    stop,
-  };
+  return { worker, sql, stop };
 }

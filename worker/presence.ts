@@ -120,7 +120,7 @@ export class WorkerPresence implements Service {
         throw new PoimenError(
           "workflow-conflict",
           `worker: workflow ${conflict.name}@${conflict.version} is already registered ` +
-            `with another definition (input schema, maxAttempts, concurrency or tenants); a ` +
+            `with another definition (input or output schema, maxAttempts, concurrency or tenants); a ` +
             `registered version never changes: give the new definition a new version`,
         );
       }

@@ -23,7 +23,7 @@ import { fileURLToPath } from "node:url";
 import { ConfigError } from "../core/errors.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { processEnv } from "../core/config.ts";
-import { isWorkflow, type Workflow } from "../workflows/define.ts";
+import { isWorkflow, isWorkflowDefinition, type Workflow } from "../workflows/define.ts";
 import { echo, fail, sleep } from "../workflows/builtin.ts";
 import { workerEnvSchema } from "./config.ts";
 import { runWorker } from "./run_worker.ts";
@@ -36,7 +36,8 @@ Claims queued runs and executes them, WORKER_CONCURRENCY at a time, until
 SIGTERM or SIGINT; serves /metrics, /healthz and /readyz on
 WORKER_METRICS_HOST:WORKER_METRICS_PORT. Hosts the built-in workflows (echo,
 sleep, fail), or with --workflows the workflows a local module exports (each
-export made by defineWorkflow, or an array of them). Handlers get no
+export made by implement or by defineWorkflow with a handler, or an array of
+them; definitions without a handler are left out). Handlers get no
 environment (the worker reads its configuration first) and may read only
 the module's folder and node_modules: deno task worker starts itself again
 with exactly that read access. Handlers that need more run in a process
@@ -120,9 +121,12 @@ export function workflowsUrl(path: string): URL {
 }
 
 /**
- * The workflows `path` exports: every export made by `defineWorkflow`, and
- * those in exported arrays (once each). A module that cannot be loaded or
- * exports none is a `ConfigError` naming it.
+ * The workflows `path` exports: every implementation among its exports
+ * (`implement`, `defineWorkflow` with a handler) and in exported arrays,
+ * once each. Definitions without a handler are left out: a module of
+ * implementations may re-export the definitions it implements. A module
+ * that cannot be loaded or exports no implementation is a `ConfigError`
+ * naming it.
  */
 export async function loadWorkflows(path: string, url = workflowsUrl(path)): Promise<Workflow[]> {
   let exports: Record<string, unknown>;
@@ -136,13 +140,19 @@ export async function loadWorkflows(path: string, url = workflowsUrl(path)): Pro
     );
   }
   const found = new Set<Workflow>();
-  for (const value of Object.values(exports)) {
+  const unimplemented = new Set<string>();
+  for (const value of Object.values(exports).flatMap((v) => Array.isArray(v) ? v : [v])) {
     if (isWorkflow(value)) found.add(value);
-    else if (Array.isArray(value)) { for (const v of value) if (isWorkflow(v)) found.add(v); }
+    else if (isWorkflowDefinition(value)) unimplemented.add(`${value.name}@${value.version}`);
   }
   if (found.size === 0) {
     throw new ConfigError(
-      `worker: --workflows ${path}: exports no workflow (export what defineWorkflow returns)`,
+      `worker: --workflows ${path}: exports no workflow (export what implement returns` +
+        (unimplemented.size > 0
+          ? `; ${[...unimplemented].sort().join(", ")} ${
+            unimplemented.size === 1 ? "is a definition" : "are definitions"
+          } without a handler)`
+          : ")"),
     );
   }
   return [...found];

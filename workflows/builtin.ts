@@ -1,7 +1,9 @@
 /**
- * Built-in workflows, for operating and testing poimen, and examples of
- * `defineWorkflow` (workflows/define.ts); `deno task worker` hosts them when
- * no `--workflows` module is given:
+ * Built-in workflows, for operating and testing poimen, and examples of the
+ * one-call `defineWorkflow` (workflows/define.ts: definition and handler at
+ * once, since their handlers load nothing a caller should not; each is
+ * also a definition the typed client takes); `deno task worker` hosts them
+ * when no `--workflows` module is given:
  * - `echo@1` returns its input;
  * - `sleep@1` waits `{ms}` (at most ten minutes), then returns `{slept_ms}`;
  * - `fail@1` fails its first `{times}` attempts, then succeeds.

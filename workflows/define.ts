@@ -1,7 +1,13 @@
 /**
  * Defining a workflow: `@poimen/poimen/workflow`.
  *
+ * A definition names one version of a workflow and its input and output
+ * schemas, and nothing else: a service that only starts runs imports it
+ * without the handler's dependencies (a payment SDK, a database client).
+ * The worker's code implements it.
+ *
  * ```ts
+ * // definitions.ts: no handler, imported by producers and the worker
  * import { z } from "zod";
  * import { defineWorkflow } from "@poimen/poimen/workflow";
  *
@@ -9,19 +15,30 @@
  *   name: "billing.invoice",
  *   version: 1,
  *   input: z.object({ customer_id: z.string(), amount_cents: z.number().int().min(1) }),
+ *   output: z.object({ invoiced: z.number() }),
  *   maxAttempts: 5,
- *   async handler(input, ctx) {
- *     ctx.log.info("invoicing", { customer_id: input.customer_id });
- *     return { invoiced: input.amount_cents };
- *   },
  * });
  * ```
  *
- * A worker hosting a definition registers it in the workflow catalog; the
- * API then validates each run's input against the definition's input as
- * JSON Schema, without loading this code. `name@version` is immutable once
- * registered: change the input, `maxAttempts`, `concurrency` or `tenants`
- * under a new version.
+ * ```ts
+ * // worker.ts: what a worker hosts
+ * import { implement } from "@poimen/poimen/workflow";
+ * import { invoice } from "./definitions.ts";
+ *
+ * export const invoiceImpl = implement(invoice, async (input, ctx) => {
+ *   ctx.log.info("invoicing", { customer_id: input.customer_id });
+ *   return { invoiced: input.amount_cents };
+ * });
+ * ```
+ *
+ * `defineWorkflow({ ..., handler })` is both at once, for a workflow whose
+ * callers may import its handler. A worker hosting an implementation
+ * registers it in the workflow catalog; the API then validates each run's
+ * input against the definition's input as JSON Schema, without loading
+ * this code, and the worker checks each result against `output` before it
+ * completes the run. `name@version` is immutable once registered: change
+ * the input, output, `maxAttempts`, `concurrency` or `tenants` under a new
+ * version.
  *
  * @module
  */
@@ -30,20 +47,19 @@ import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
+import type { Schema, WorkflowDefinition } from "../contracts/workflow.ts";
 
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
-
+export type {
+  Schema,
+  WorkflowDefinition,
+  WorkflowInput,
+  WorkflowResult,
+} from "../contracts/workflow.ts";
 export type { Fields, Logger } from "../core/log.ts";
-/**
- * What `input` takes: a zod 4 schema (`z.object({...})` and the like), seen
- * by what a worker uses of it.
- */
-export interface InputSchema<I> {
-  /** zod's `safeParse`: the parsed value, or the issues. */
-  safeParse(value: unknown):
-    | { success: true; data: I }
-    | { success: false; error: { issues: readonly { path: PropertyKey[]; message: string }[] } };
-}
+
+/** What `input` takes (a zod 4 schema); `Schema` names both sides. */
+export type InputSchema<I> = Schema<I, unknown>;
 
 /** What a handler gets besides its input. */
 export interface WorkflowContext {
@@ -63,11 +79,25 @@ export interface WorkflowContext {
   log: Logger;
 }
 
-/** One version of one workflow: what `defineWorkflow` takes. */
-export interface WorkflowOptions<I = unknown> {
+/**
+ * A workflow's code: gets the parsed input, returns the result (JSON, of
+ * the output schema's input side when the definition has one), or throws
+ * to fail the attempt (retried while attempts remain).
+ */
+export type WorkflowHandler<I = unknown, R = unknown> = (
+  input: I,
+  ctx: WorkflowContext,
+) => R | Promise<R>;
+
+/** One version of one workflow, without its handler: what `defineWorkflow` takes. */
+export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
   /** `[a-z][a-z0-9_.-]{0,99}`, e.g. `billing.invoice`. */
   name: string;
-  /** An integer from 1; a run names `name` (the newest version) or `name@version`. */
+  /**
+   * An integer from 1; a run names `name` (its current version:
+   * docs/workflows.md) or
+   * `name@version`. The typed client always pins the definition's.
+   */
   version: number;
   /**
    * The input's zod 4 schema. The API validates against it as JSON Schema
@@ -78,7 +108,17 @@ export interface WorkflowOptions<I = unknown> {
    * failure there ends the run `failed` with code `invalid-input`, at once.
    * The handler gets the parsed value.
    */
-  input: InputSchema<I>;
+  input: Schema<I, In>;
+  /**
+   * The result's zod 4 schema; unset: any JSON. The worker parses what the
+   * handler returns with it before completing the run and stores the parsed
+   * value (unknown keys of a `z.object` dropped, transforms applied), so a
+   * caller's result is of this type; a result that fails it ends the run
+   * `failed` with code `invalid-output`, at once. Registered in the catalog
+   * as JSON Schema (the output side). Keep it to what JSON can carry: a
+   * `z.date()` is stored as its JSON text, and typed as a `Date` anyway.
+   */
+  output?: Schema<O, OIn>;
   /** Attempts before the run is `failed` (1–1000); unset: the API's DEFAULT_MAX_ATTEMPTS. */
   maxAttempts?: number;
   /**
@@ -89,8 +129,8 @@ export interface WorkflowOptions<I = unknown> {
    * starts when a slot of its key frees, highest priority first, then
    * oldest; the keys with room take turns. Registered in the catalog with
    * the version: every worker and the API know it without this code. The
-   * limit is per workflow name: versions that declare different limits
-   * share the newest admitted run's.
+   * limit is per workflow name: a version declaring another limit or key
+   * than the current version's is refused when a worker registers it.
    */
   concurrency?: ConcurrencyLimit;
   /**
@@ -99,27 +139,108 @@ export interface WorkflowOptions<I = unknown> {
    * every tenant. Registered in the catalog with the version; the API
    * answers any other tenant's run of it as an unknown workflow (422) and
    * never names it to them. A run naming the workflow without a version
-   * gets the newest version its tenant may start.
+   * gets the current version, or the newest older one its tenant may start.
    */
   tenants?: readonly string[];
-  /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
-  handler(input: I, ctx: WorkflowContext): Promise<unknown>;
 }
 
-const DEFINED: unique symbol = Symbol.for("poimen.workflow");
-
-/** A workflow version made by `defineWorkflow`: give it to a worker. */
-export interface Workflow<I = unknown> extends Readonly<WorkflowOptions<I>> {
-  /** The input as JSON Schema (draft 2020-12), as the catalog stores it. */
-  readonly inputSchema: Readonly<Record<string, unknown>>;
+/** A definition with its handler: the one-call form of `defineWorkflow`. */
+export interface WorkflowOptions<I = unknown, O = unknown, In = I, OIn = O>
+  extends DefinitionOptions<I, O, In, OIn> {
+  /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
+  handler: WorkflowHandler<I, NoInfer<OIn>>;
 }
 
 /**
- * Defines one version of a workflow. Throws a `TypeError` naming the
- * workflow when the name, version or max attempts is invalid, so a bad
- * definition fails where it is imported.
+ * A workflow version a worker hosts: a definition with its handler, made by
+ * `implement` (or `defineWorkflow` given a handler). It is a definition
+ * too: the typed client takes it as well.
  */
-export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
+export interface Workflow<I = unknown, O = unknown, In = I, OIn = O>
+  extends WorkflowDefinition<I, O, In, OIn> {
+  /** The workflow's code. */
+  readonly handler: WorkflowHandler<I, OIn>;
+}
+
+// Marks what defineWorkflow made, across copies of this module (a project
+// and the package it imports may each load one).
+const DEFINED: unique symbol = Symbol.for("poimen.workflow");
+
+/**
+ * Defines one version of a workflow. Without `handler`: a handler-free
+ * definition, for producers and for `implement`. With `handler`: the
+ * definition implemented at once (`implement(defineWorkflow(rest),
+ * handler)`). Throws a `TypeError` naming the workflow when the name,
+ * version, schemas, max attempts, concurrency, tenants or handler is
+ * invalid, so a bad definition fails where it is imported.
+ */
+export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
+  options: WorkflowOptions<I, O, In, OIn>,
+): Workflow<I, O, In, OIn>;
+/** Defines one version of a workflow without its handler; see the other form. */
+export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
+  // `handler?: undefined`: options whose handler does not fit fail here too,
+  // rather than pass as a definition.
+  options: DefinitionOptions<I, O, In, OIn> & { handler?: undefined },
+): WorkflowDefinition<I, O, In, OIn>;
+export function defineWorkflow(
+  options: DefinitionOptions & { handler?: unknown },
+): WorkflowDefinition | Workflow {
+  const definition = checkedDefinition(options);
+  if (!("handler" in options) || options.handler === undefined) return definition;
+  return implement(definition, options.handler as WorkflowHandler);
+}
+
+/**
+ * The implementation of `definition` by `handler`: what a worker hosts
+ * (`runWorker`, `createWorker`, `deno task worker --workflows`). Its
+ * handler's input and result are typed by the definition. Throws a
+ * `TypeError` naming the workflow when `definition` was not made by
+ * `defineWorkflow` or `handler` is not a function.
+ */
+export function implement<I, O, In, OIn>(
+  definition: WorkflowDefinition<I, O, In, OIn>,
+  handler: WorkflowHandler<I, NoInfer<OIn>>,
+): Workflow<I, O, In, OIn> {
+  if (!isWorkflowDefinition(definition)) {
+    throw new TypeError("implement: the definition must be made by defineWorkflow");
+  }
+  if (typeof handler !== "function") {
+    throw new TypeError(
+      `workflow ${definition.name}@${definition.version}: handler must be a function`,
+    );
+  }
+  const { name, version, input, output, maxAttempts, concurrency, tenants } = definition;
+  const { inputSchema, outputSchema } = definition;
+  return Object.freeze({
+    name,
+    version,
+    input,
+    output,
+    maxAttempts,
+    concurrency,
+    tenants,
+    inputSchema,
+    outputSchema,
+    handler,
+    [DEFINED]: true,
+  }) as Workflow<I, O, In, OIn>;
+}
+
+/** Whether `value` is a workflow a worker can host: made by `implement` or `defineWorkflow` with a handler. */
+export function isWorkflow(value: unknown): value is Workflow {
+  return isWorkflowDefinition(value) &&
+    typeof (value as { handler?: unknown }).handler === "function";
+}
+
+/** Whether `value` was made by `defineWorkflow` (in any copy of this module), with or without handler. */
+export function isWorkflowDefinition(value: unknown): value is WorkflowDefinition {
+  return typeof value === "object" && value !== null &&
+    (value as Record<symbol, unknown>)[DEFINED] === true;
+}
+
+/** `options` checked and frozen, with its schemas as JSON Schema; throws a `TypeError` naming it. */
+function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
   const label = `${String(options.name)}@${String(options.version)}`;
   if (typeof options.name !== "string" || !WORKFLOW_NAME_PATTERN.test(options.name)) {
     throw new TypeError(`workflow ${label}: name must match ${WORKFLOW_NAME_PATTERN.source}`);
@@ -146,42 +267,39 @@ export function defineWorkflow<I>(options: WorkflowOptions<I>): Workflow<I> {
     }
     tenants = parsed.scope.all ? undefined : Object.freeze(parsed.scope.text.split(","));
   }
-  if (typeof options.handler !== "function") {
-    throw new TypeError(`workflow ${label}: handler must be a function`);
-  }
   if (!isZodLike(options.input)) {
     throw new TypeError(`workflow ${label}: input must be a zod schema`);
+  }
+  if (options.output !== undefined && !isZodLike(options.output)) {
+    throw new TypeError(`workflow ${label}: output must be a zod schema`);
   }
   return Object.freeze({
     name: options.name,
     version: options.version,
     input: options.input,
+    output: options.output,
     maxAttempts: max,
     concurrency: options.concurrency === undefined ? undefined : Object.freeze({
       limit: options.concurrency.limit,
       ...(options.concurrency.key === undefined ? {} : { key: options.concurrency.key }),
     }),
     tenants,
-    handler: options.handler,
-    inputSchema: Object.freeze(inputJsonSchema(options.input)),
-    // Marks what defineWorkflow made (isWorkflow), across copies of this module.
+    inputSchema: Object.freeze(jsonSchema(options.input, "input")),
+    outputSchema: options.output === undefined
+      ? undefined
+      : Object.freeze(jsonSchema(options.output, "output")),
     [DEFINED]: true,
-  }) as Workflow<I>;
-}
-
-/** Whether `value` was made by `defineWorkflow` (in any copy of this module). */
-export function isWorkflow(value: unknown): value is Workflow {
-  return typeof value === "object" && value !== null &&
-    (value as Record<symbol, unknown>)[DEFINED] === true;
+  });
 }
 
 /**
- * The input side of a zod schema as JSON Schema. Unrepresentable parts
- * (dates, custom types) become `{}`, which admits anything: the worker's
- * parse with the full schema is the last word.
+ * One side of a zod schema as JSON Schema: the input side of an input (what
+ * a caller sends), the output side of an output (what the worker stores).
+ * Unrepresentable parts (dates, custom types) become `{}`, which admits
+ * anything: the worker's parse with the full schema is the last word.
  */
-function inputJsonSchema(schema: unknown): Record<string, unknown> {
-  return z.toJSONSchema(schema as z.ZodType, { io: "input", unrepresentable: "any" }) as Record<
+function jsonSchema(schema: unknown, io: "input" | "output"): Record<string, unknown> {
+  return z.toJSONSchema(schema as z.ZodType, { io, unrepresentable: "any" }) as Record<
     string,
     unknown
   >;

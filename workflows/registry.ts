@@ -6,7 +6,13 @@
  */
 import type { CatalogVersion } from "../db/catalog.ts";
 import type { HostedVersions } from "../db/claims.ts";
-import { defineWorkflow, isWorkflow, type Workflow, type WorkflowOptions } from "./define.ts";
+import {
+  defineWorkflow,
+  isWorkflow,
+  isWorkflowDefinition,
+  type Workflow,
+  type WorkflowOptions,
+} from "./define.ts";
 
 export type { Workflow, WorkflowContext } from "./define.ts";
 
@@ -15,15 +21,30 @@ export class WorkflowRegistry {
   // deno-lint-ignore no-explicit-any
   readonly #byRef = new Map<string, Workflow<any>>();
 
-  /** A registry of `workflows`; one `name@version` twice is an error naming it. */
+  /**
+   * A registry of `workflows` (implementations); one `name@version` twice,
+   * or a definition without a handler, is a `TypeError` naming it.
+   */
   // deno-lint-ignore no-explicit-any
   constructor(workflows: Iterable<Workflow<any> | WorkflowOptions<any>> = []) {
     for (const wf of workflows) this.register(wf);
   }
 
-  /** Adds one version (a plain definition is passed through `defineWorkflow`). */
-  register<I>(wf: Workflow<I> | WorkflowOptions<I>): this {
-    const defined = isWorkflow(wf) ? wf as Workflow<I> : defineWorkflow(wf);
+  /**
+   * Adds one implemented version (plain options with a handler are passed
+   * through `defineWorkflow`).
+   */
+  // deno-lint-ignore no-explicit-any
+  register(wf: Workflow<any> | WorkflowOptions<any>): this {
+    // Checked at run time too: a caller without types may pass a bare definition.
+    const defined: unknown = isWorkflowDefinition(wf) ? wf : defineWorkflow(wf);
+    if (!isWorkflow(defined)) {
+      const { name, version } = defined as { name: string; version: number };
+      throw new TypeError(
+        `workflow ${name}@${version} is a definition without a handler: ` +
+          `a worker hosts implement(definition, handler)`,
+      );
+    }
     const ref = `${defined.name}@${defined.version}`;
     if (this.#byRef.has(ref)) throw new TypeError(`workflow ${ref} is given twice`);
     this.#byRef.set(ref, defined);
@@ -65,6 +86,7 @@ export class WorkflowRegistry {
       name: w.name,
       version: w.version,
       input_schema: { ...w.inputSchema },
+      output_schema: w.outputSchema === undefined ? null : { ...w.outputSchema },
       max_attempts: w.maxAttempts ?? null,
       concurrency_limit: w.concurrency?.limit ?? null,
       concurrency_key: w.concurrency?.key ?? null,

@@ -1,13 +1,16 @@
 /**
  * Asks for billing runs both ways poimen admits them: an invoice over HTTP
- * with the typed client, then a refund of it as a Kafka dispatch message
- * (the inbox relay turns it into the same `POST /v1/runs`). Prints each run
- * once finished, one JSON line each; exits 1 unless both succeeded.
+ * with the client typed by the definitions, then a refund of it as a Kafka
+ * dispatch message (the inbox relay turns it into the same `POST /v1/runs`).
+ * Prints each run once finished, one JSON line each; exits 1 unless both
+ * succeeded. It imports the definitions only: no handler, nothing the
+ * worker needs.
  *
  *   POIMEN_TOKEN=<tenant token> POIMEN_TENANT=<tenant> deno task submit
  */
-import { PoimenClient, type Run } from "@poimen/poimen/client";
+import { PoimenClient, PoimenRunError, type WorkflowInput } from "@poimen/poimen/client";
 import { DispatchPublisher } from "@poimen/poimen/dispatch";
+import { invoice, refund } from "./definitions.ts";
 
 function env(name: string, fallback?: string): string {
   const value = Deno.env.get(name) ?? fallback;
@@ -20,9 +23,10 @@ const poimen = new PoimenClient({
   url: env("API_URL", "http://127.0.0.1:8080"),
   token: env("POIMEN_TOKEN"),
 });
+const WAIT_MS = 60_000;
 
 /** Calls `check` every 250 ms until it gives a value; throws after `timeoutMs`. */
-async function poll<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 60_000) {
+async function poll<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = WAIT_MS) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await check();
@@ -32,42 +36,52 @@ async function poll<T>(what: string, check: () => Promise<T | undefined>, timeou
   }
 }
 
-const finished = (id: string) =>
-  poll(`run ${id}`, async () => {
-    const run = await poimen.getRun(id);
-    return run.status === "queued" || run.status === "running" ? undefined : run;
-  });
-
-function report(via: string, run: Run): boolean {
-  const { run_id, workflow, workflow_version, status, result, error } = run;
-  console.log(JSON.stringify({ via, run_id, workflow, workflow_version, status, result, error }));
-  return status === "succeeded";
+/** One JSON line per run; a run that did not succeed is printed with its error. */
+async function report<T>(via: string, runId: string, result: Promise<T>): Promise<T | undefined> {
+  try {
+    const value = await result;
+    console.log(JSON.stringify({ via, run_id: runId, status: "succeeded", result: value }));
+    return value;
+  } catch (err) {
+    if (!(err instanceof PoimenRunError)) throw err;
+    const { status, error } = err.run;
+    console.log(JSON.stringify({ via, run_id: runId, status, error }));
+    return undefined;
+  }
 }
 
-// Over HTTP. `idempotent` makes the client send one generated dispatch_key
-// with every attempt, so its retries (network errors, 5xx) never make a second run.
-const { run: admitted } = await poimen.admitRun({
-  workflow_ref: "billing.invoice@1",
-  input: { customer_id: "cus_42", amount_cents: 12_500, currency: "EUR" },
-}, { idempotent: true });
-const invoiced = await finished(admitted.run_id);
-let ok = report("http", invoiced);
+// Over HTTP. `start` takes only what invoice's input schema does (a wrong
+// field does not compile), pins billing.invoice@1, and sends one generated
+// dispatch key with every attempt, so its retries never make a second run.
+const started = await poimen.start(invoice, {
+  customer_id: "cus_42",
+  amount_cents: 12_500,
+  currency: "EUR",
+});
+// Typed by invoice's output schema, which the worker checked.
+const invoiced = await report(
+  "http",
+  started.runId,
+  poimen.result(started, { timeoutMs: WAIT_MS }),
+);
 
-if (ok) {
+let ok = invoiced !== undefined;
+if (invoiced) {
   // Over Kafka. Our own dispatch_key names the refund: publishing it again
   // (say, after a crash before the broker's answer) still makes one run.
-  const { invoice_id, total_cents } = invoiced.result as {
-    invoice_id: string;
-    total_cents: number;
+  const dispatchKey = `refund-${invoiced.invoice_id}`;
+  const input: WorkflowInput<typeof refund> = {
+    invoice_id: invoiced.invoice_id,
+    amount_cents: invoiced.total_cents,
+    reason: "duplicate",
   };
-  const dispatchKey = `refund-${invoice_id}`;
   {
     await using publisher = new DispatchPublisher({
       brokers: env("KAFKA_BROKERS", "127.0.0.1:9092").split(","),
     });
     await publisher.publish(tenant, {
-      workflow_ref: "billing.refund@1",
-      input: { invoice_id, amount_cents: total_cents, reason: "duplicate" },
+      workflow_ref: `${refund.name}@${refund.version}`,
+      input,
       dispatch_key: dispatchKey,
     });
   }
@@ -75,6 +89,11 @@ if (ok) {
   const relayed = await poll(`the run of dispatch key ${dispatchKey}`, async () => {
     for await (const page of poimen.listRuns({ dispatch_key: dispatchKey })) return page.runs[0];
   });
-  ok = report("kafka", await finished(relayed.run_id));
+  const refunded = await report(
+    "kafka",
+    relayed.run_id,
+    poimen.result(refund, relayed.run_id, { timeoutMs: WAIT_MS }),
+  );
+  ok = refunded !== undefined;
 }
 Deno.exitCode = ok ? 0 : 1;

@@ -1,0 +1,70 @@
+/**
+ * What a workflow definition is, as types only: the shape of a zod 4 schema
+ * that poimen reads, the handler-free definition `defineWorkflow` returns
+ * (workflows/define.ts), and the types a caller derives from a definition.
+ * No runtime code and no dependency, so the client (client/) types its
+ * calls by a definition without loading zod, and a producer imports a
+ * team's definitions without their handlers.
+ *
+ * @module
+ */
+import type { ConcurrencyLimit } from "./concurrency.ts";
+
+/**
+ * What `input` and `output` take: a zod 4 schema (`z.object({...})` and the
+ * like), of any copy of zod 4, seen by what poimen uses of it: `safeParse`,
+ * and the input and output types zod keeps on `_zod`. `Out` is what parsing
+ * gives, `In` what it accepts (they differ under `.transform()`,
+ * `.default()`, `z.coerce`).
+ */
+export interface Schema<Out = unknown, In = Out> {
+  /** zod's `safeParse`: the parsed value, or the issues. */
+  safeParse(value: unknown):
+    | { success: true; data: Out }
+    | { success: false; error: { issues: readonly { path: PropertyKey[]; message: string }[] } };
+  /** zod's internals; poimen reads only the types of `input` and `output` from here. */
+  readonly _zod: { readonly output: Out; readonly input: In };
+}
+
+/**
+ * One version of one workflow without its handler: what `defineWorkflow`
+ * returns when given no handler. A producer imports it to start runs with
+ * the typed client (`client.start(definition, input)`); a worker hosts it
+ * once implemented (`implement(definition, handler)`). Type parameters:
+ * `I` the input as the handler gets it (parsed), `O` the result as the
+ * caller gets it, `In` the input as a caller sends it, `OIn` the result as
+ * the handler returns it; `In` and `OIn` differ from `I` and `O` only
+ * under transforms, defaults and coercions.
+ */
+export interface WorkflowDefinition<I = unknown, O = unknown, In = I, OIn = O> {
+  /** `[a-z][a-z0-9_.-]{0,99}`, e.g. `billing.invoice`. */
+  readonly name: string;
+  /** An integer from 1. */
+  readonly version: number;
+  /** The input's zod schema. */
+  readonly input: Schema<I, In>;
+  /** The result's zod schema, checked by the worker before it completes a run; unset: any JSON. */
+  readonly output?: Schema<O, OIn>;
+  /** Attempts before the run is `failed`; unset: the API's DEFAULT_MAX_ATTEMPTS. */
+  readonly maxAttempts?: number;
+  /** At most `limit` runs running at once per tenant, or per value of `key`. */
+  readonly concurrency?: ConcurrencyLimit;
+  /** The tenants that may start this version (ids and `prefix*`); unset: every tenant. */
+  readonly tenants?: readonly string[];
+  /** The input as JSON Schema (draft 2020-12, the input side), as the catalog stores it. */
+  readonly inputSchema: Readonly<Record<string, unknown>>;
+  /** The output as JSON Schema (draft 2020-12, the output side), as the catalog stores it. */
+  readonly outputSchema?: Readonly<Record<string, unknown>>;
+}
+
+/** What a caller sends as the input of a run of `W` (a definition): its input schema's input side. */
+export type WorkflowInput<W> = W extends {
+  readonly input: { readonly _zod: { readonly input: infer In } };
+} ? In
+  : never;
+
+/** The result of a succeeded run of `W` (a definition): `unknown` when it declares no output. */
+export type WorkflowResult<W> = W extends {
+  readonly output?: { readonly _zod: { readonly output: infer O } };
+} ? O
+  : never;

@@ -1,0 +1,12 @@
+-- A workflow version's result, as its definition declares it (`output`, a zod
+-- schema, workflows/define.ts): JSON Schema (draft 2020-12) of the output
+-- side, what the worker stores after parsing the handler's result with the
+-- full schema. null: the version declares no output (any JSON), which is
+-- what every version registered before this migration says. Part of the
+-- version's immutable definition, like its input: a worker registering the
+-- version with another output refuses to start (workflow-conflict).
+--
+-- Adding a nullable column without a default rewrites nothing; the table
+-- holds one row per deployed version. Numbered 019: 018 is the current
+-- version's (issue 29).
+alter table workflow_versions add column output_schema jsonb;
