@@ -24,7 +24,7 @@ import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
-import { hashToken, isTokenShaped, newToken } from "../api/auth.ts";
+import { hashToken, isTokenShaped, newToken } from "../contracts/tokens.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createAndMigrate, migrationEnv, migrationOptions } from "./migrate.ts";

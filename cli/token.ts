@@ -27,7 +27,7 @@ import {
   tenantExists,
   type TokenListing,
 } from "../db/auth.ts";
-import { hashToken, newToken, storedTenantScope } from "../api/auth.ts";
+import { hashToken, newToken, storedTenantScope } from "../contracts/tokens.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
