@@ -11,14 +11,8 @@
  * put in the file instead). The token itself is never printed or logged.
  */
 import { z } from "zod";
-import {
-  databaseEnv,
-  kafkaConnection,
-  kafkaEnv,
-  logEnv,
-  processEnv,
-  readEnv,
-} from "../core/config.ts";
+import { databaseEnv, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection } from "../kafka/security.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
