@@ -30,7 +30,7 @@ import { FINAL_STATUSES, RECONNECT_COMMENT } from "../contracts/wire.ts";
 import type { RunWatch, RunWatcher, StreamEnd } from "./run_watch.ts";
 
 /** How often an idle stream gets a comment line. */
-export const HEARTBEAT_MS = 15 * SECOND;
+const HEARTBEAT_MS = 15 * SECOND;
 
 /**
  * Bytes a stream queues for its reader before it waits for the reader to

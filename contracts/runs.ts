@@ -55,7 +55,7 @@ export const MAX_RUN_AFTER_OFFSET_HOURS = 15;
  * Why an RFC 3339 time (already of the right shape) is not a `run_after`
  * Postgres and poimen accept, or undefined when it is one.
  */
-export function runAfterProblem(at: string, now: number = Date.now()): string | undefined {
+function runAfterProblem(at: string, now: number = Date.now()): string | undefined {
   const year = Number(at.slice(0, 4));
   if (!(year >= MIN_RUN_AFTER_YEAR)) return `a year from ${MIN_RUN_AFTER_YEAR} on`;
   const offset = /([+-])(\d\d):\d\d$/.exec(at);
@@ -291,7 +291,7 @@ export const SourceHeader = z.string().min(1).max(300).regex(
  * Undefined when it starts with `"` and is no well-formed sf-string (an
  * item parameter after it included: the draft defines none).
  */
-export function idempotencyKeyOf(value: string): string | undefined {
+function idempotencyKeyOf(value: string): string | undefined {
   if (!value.startsWith('"')) return value;
   const m = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
   return m ? m[1].replace(/\\(["\\])/g, "$1") : undefined;

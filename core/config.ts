@@ -78,10 +78,10 @@ export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";
  * its name against the URL's host (verify-ca is as strict as verify-full
  * here). The CA of a private server is given with Deno's own `DENO_CERT`.
  */
-export const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
+const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
 
 /** Why a `DATABASE_URL`'s TLS settings cannot work as written, or undefined. */
-export function databaseUrlProblem(url: string): string | undefined {
+function databaseUrlProblem(url: string): string | undefined {
   // Not a URL at all is .url()'s to report (zod runs the refinement anyway).
   if (!URL.canParse(url)) return undefined;
   const params = new URL(url).searchParams;
@@ -108,7 +108,7 @@ export const databaseEnv = {
 export const SASL_MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] as const;
 
 /** Kafka's `security.protocol` values, as `KAFKA_SECURITY_PROTOCOL` takes them. */
-export const SECURITY_PROTOCOLS = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] as const;
+const SECURITY_PROTOCOLS = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] as const;
 
 /**
  * The security variables of `kafkaEnv`, as validated there; kafka/security.ts

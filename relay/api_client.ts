@@ -13,7 +13,7 @@ import { PoimenClient } from "../client/http.ts";
 import { type ApiAnswer, PoimenProblem, problemFromAnswer } from "../client/problems.ts";
 
 /** Longest problem detail kept (it ends up in a Kafka header). */
-export const MAX_DETAIL = 500;
+const MAX_DETAIL = 500;
 
 /** What one attempt at admitting a message came to. */
 export type Outcome =
