@@ -13,17 +13,18 @@
  */
 
 /**
- * Why an attempt failed: a handler's error (its `message`, its `name` and
- * what else it carried), or a failure poimen decides under a stable `code`
- * (`invalid-input`, `bad-result`, `result-too-large`, `lease-expired`…: the
- * table of docs/api.md). Open: it keeps the fields the error had.
+ * Why an attempt failed: a handler's error (its `message` and `name`), or a
+ * failure poimen decides under a stable `code` (`invalid-input`,
+ * `bad-result`, `result-too-large`, `lease-expired`…: the table of
+ * docs/api.md), with what that failure adds (`issues`, `limit`…). Open:
+ * read the fields you know.
  */
 export interface RunError {
   /** What went wrong, for people. */
   message: string;
   /** A stable code, on failures poimen itself decides. */
   code?: string;
-  /** Anything else the error carried (`name`, `issues`, `truncated`…). */
+  /** What else the failure says (`name`, `issues`, `truncated`…). */
   [key: string]: unknown;
 }
 

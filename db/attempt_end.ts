@@ -211,8 +211,9 @@ export interface FailOutcome {
  * a cancel was requested (whatever made the attempt fail: the aborted
  * handler or its own error), `cancelled` with `run.cancelled` (its `error`
  * and `worker`). The decision is made on the row, under its lock. Undefined
- * when the lease of attempt `attempt` was lost (also when this very call was already applied and is
- * being retried after a lost reply): nothing was written.
+ * when the lease of attempt `attempt` was lost (also when this very call
+ * was already applied and is being retried after a lost reply): nothing was
+ * written.
  */
 export async function failAttempt(
   sql: Sql,
@@ -274,8 +275,8 @@ export async function failAttempt(
  * attempts. (A worker that dies without releasing does use one up: see
  * `reclaimExpired`.) A run whose cancel was requested is not given back but
  * ends `cancelled` (`run.cancelled` with the `worker` and `reason`), its
- * attempt kept. Returns the run's new status;
- * undefined when the lease of attempt `attempt` was already lost.
+ * attempt kept. Returns the run's new status; undefined when the lease of
+ * attempt `attempt` was already lost.
  */
 export async function releaseRun(
   sql: Sql,

@@ -63,8 +63,8 @@ export interface ReclaimedRun {
  * with a `run.failed` event (`error` coded `lease-expired`) when the expired
  * attempt was the last one; or `cancelled` with a `run.cancelled` event
  * (`reason` and `worker` as for a retry) when a cancel was requested
- * meanwhile. The attempt
- * counts: a run that kills its worker every time must not be retried forever.
+ * meanwhile. The attempt counts: a run that kills its worker every time must
+ * not be retried forever.
  * Tenant by tenant: the tenants with running runs (a loose scan), then each
  * one's expired leases, oldest first, one index range each.
  */
