@@ -18,7 +18,7 @@ export type ApiMetrics = ReturnType<typeof createApiMetrics>;
 const METHODS = new Set(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]);
 
 /** A request's method as a label value: one of a fixed set, "other" for the rest. */
-export function methodLabel(method: string): string {
+function methodLabel(method: string): string {
   return METHODS.has(method) ? method : "other";
 }
 

@@ -16,7 +16,7 @@ import {
   SourceHeader,
 } from "../contracts/runs.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
-import { MAX_WAIT_SECONDS } from "./run_wait.ts";
+import { MAX_WAIT_SECONDS } from "../contracts/wire.ts";
 
 /** Request or response headers, by name. */
 export type Headers = Record<string, { description: string; schema: z.ZodType; example?: string }>;

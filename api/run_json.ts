@@ -92,6 +92,8 @@ export const MAX_RUN_EVENTS = 1000;
 /** A work_events row as JSON. */
 export function toRunEvent(row: RunEventRow): RunEvent {
   const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
+  // Typed, not parsed again: the statements of db/ write only the
+  // contract's types and payloads (tests/db_events_test.ts parses each).
   return {
     seq: row.seq,
     type: row.type,
@@ -99,5 +101,5 @@ export function toRunEvent(row: RunEventRow): RunEvent {
     at: iso(row.at)!,
     published_at: iso(row.published_at),
     parked_at: iso(row.parked_at),
-  };
+  } as RunEvent;
 }

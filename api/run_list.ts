@@ -90,7 +90,7 @@ export function encodeCursor(runId: string): string {
   return btoa(runId).replaceAll("=", "");
 }
 /** The run id of a cursor; a validation error when it is not one of ours. */
-export function decodeCursor(cursor: string): string {
+function decodeCursor(cursor: string): string {
   let runId = "";
   try {
     runId = atob(cursor);

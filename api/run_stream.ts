@@ -26,24 +26,17 @@ import { delay, SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import { selectRun, selectRunEvents } from "../db/runs.ts";
 import type { RunEventRow } from "../db/runs.ts";
-import { FINAL_STATUSES } from "./run_wait.ts";
+import { FINAL_STATUSES, RECONNECT_COMMENT } from "../contracts/wire.ts";
 import type { RunWatch, RunWatcher, StreamEnd } from "./run_watch.ts";
 
 /** How often an idle stream gets a comment line. */
-export const HEARTBEAT_MS = 15 * SECOND;
+const HEARTBEAT_MS = 15 * SECOND;
 
 /**
  * Bytes a stream queues for its reader before it waits for the reader to
  * take some (an event larger than this is queued alone).
  */
 export const STREAM_BUFFER_BYTES = 64 * 1024;
-
-/**
- * The comment a stream ends with when it reached its lifetime: the client
- * reconnects at once with `Last-Event-ID` (client/follow_run.ts, the
- * console's app.js read it; EventSource reconnects by itself).
- */
-export const RECONNECT_COMMENT = "reconnect";
 
 // Events read per statement while catching up: what one stream holds
 // besides its buffer while its reader is slow.

@@ -16,13 +16,8 @@ import { PoimenError } from "../core/errors.ts";
 import { SECOND } from "../core/time.ts";
 import type { Sql } from "../db/pool.ts";
 import { type RunDetailRow, selectRun } from "../db/runs.ts";
+import { FINAL_STATUSES, MAX_WAIT_SECONDS } from "../contracts/wire.ts";
 import type { RunWatch } from "./run_watch.ts";
-
-/** The longest wait a caller may ask for; a longer `wait=N` is cut to it (and says so). */
-export const MAX_WAIT_SECONDS = 60;
-
-/** The statuses a run never leaves. */
-export const FINAL_STATUSES: ReadonlySet<string> = new Set(["succeeded", "failed", "cancelled"]);
 
 /**
  * The seconds to wait that a `Prefer` header asks for, bounded by

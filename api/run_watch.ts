@@ -62,7 +62,7 @@ export interface RunWatchOptions {
  * checked every 40 ms at most, 10,000 every 200 ms. A primary-key probe
  * costs Postgres a few µs, so this bounds the watch to a fraction of a core.
  */
-export const PROBES_PER_SECOND = 50_000;
+const PROBES_PER_SECOND = 50_000;
 
 interface Pending {
   seenSeq: number;
@@ -81,7 +81,7 @@ export function tenantShare(maxWatchers: number): number {
 }
 
 /** Seconds a tenant past its share is told to wait (`Retry-After`). */
-export const TENANT_SHARE_RETRY_AFTER_SECONDS = 5;
+const TENANT_SHARE_RETRY_AFTER_SECONDS = 5;
 
 /** Why an event stream ended: a fixed set, so it can label a metric. */
 export type StreamEnd = "final" | "lifetime" | "stalled" | "gone" | "stopped" | "failed";

@@ -89,7 +89,7 @@ export function wantsEventStream(accept: string | undefined): boolean {
  * different from the body's is a 422 naming the header, since either could
  * be the caller's intent.
  */
-export function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRequest {
+function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRequest {
   if (header === undefined) return body;
   const path = `header.${HEADERS.idempotencyKey}`;
   const key = parseWith(IdempotencyKeyHeader, header, path);
@@ -107,7 +107,7 @@ export function withIdempotencyKey(body: RunRequest, header: string | undefined)
  * `Poimen-Source`, as the relay does for a keyless message: 422 naming the
  * field the key came from.
  */
-export function refuseReservedKey(
+function refuseReservedKey(
   body: RunRequest,
   fromHeader: boolean,
   principal: Pick<Principal, "kind">,

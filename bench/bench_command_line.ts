@@ -14,7 +14,7 @@ import {
 } from "../core/command_line.ts";
 
 /** The Postgres server every bench creates its databases on, when BENCH_ADMIN_URL is unset. */
-export const DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres";
+const DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /** The variable every bench reads, for `--help`. */
 export const BenchEnv = z.object({

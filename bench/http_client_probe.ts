@@ -17,7 +17,7 @@ import process from "node:process";
 import { Pool } from "undici";
 import { PoimenClient } from "../client/http.ts";
 
-export const HTTP_CLIENTS = ["fetch", "node-http", "undici", "undici-pipelined"] as const;
+const HTTP_CLIENTS = ["fetch", "node-http", "undici", "undici-pipelined"] as const;
 
 const [url, token, tenant, client, n, c] = Deno.args;
 const total = Number(n);

@@ -125,7 +125,7 @@ function thin<T>(xs: T[], max: number): T[] {
 }
 
 /** A text bar chart of `value` over the samples, one line each. */
-export function asciiChart(
+function asciiChart(
   samples: SoakSample[],
   label: string,
   value: (s: SoakSample) => number,

@@ -53,7 +53,7 @@ export async function admitAll(
 }
 
 /** Workflows module of a bench worker, from bench/ (undefined: the built-ins). */
-export function workflowsArgs(module?: string): string[] {
+function workflowsArgs(module?: string): string[] {
   return module ? ["--workflows", `${PROJECT_ROOT}bench/${module}`] : [];
 }
 

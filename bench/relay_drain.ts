@@ -14,7 +14,7 @@ import { z } from "zod";
 import type { CommandSpec } from "../core/command_line.ts";
 import { createPool } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
-import { hashToken, newToken } from "../api/auth.ts";
+import { hashToken, newToken } from "../contracts/tokens.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
 import { registerVersions } from "../db/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";

@@ -65,7 +65,7 @@ export interface ShapeConfig {
 }
 
 /** The shape sizes of a full run, or of a `--quick` one. */
-export function shapeConfig(quick: boolean): ShapeConfig {
+function shapeConfig(quick: boolean): ShapeConfig {
   return {
     spreadRuns: quick ? 2_000 : 20_000,
     tenants: quick ? [1, 200, 2_000] : [1, 200, 2_000, 10_000],
@@ -83,7 +83,7 @@ export function shapeConfig(quick: boolean): ShapeConfig {
 export const DEFAULT_SOAK_RUNS = 200_000;
 
 /** The configuration of a full run, or of a `--quick` one. */
-export function benchConfig(quick: boolean): BenchConfig {
+function benchConfig(quick: boolean): BenchConfig {
   return quick
     ? {
       secs: 2,

@@ -5,7 +5,7 @@
  */
 import { createPool, type Sql } from "../db/pool.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
-import { hashToken, newToken } from "../api/auth.ts";
+import { hashToken, newToken } from "../contracts/tokens.ts";
 import { loadMigrations, migrate } from "../db/migrate.ts";
 import { registerVersions } from "../db/catalog.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";

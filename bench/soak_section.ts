@@ -40,7 +40,7 @@ const WINDOW_MS = 10 * SECOND;
 const PROBE_EVERY_MS = 250;
 
 /** The own server's settings: autovacuum on, its defaults but a shorter nap. */
-export const SOAK_SETTINGS = {
+const SOAK_SETTINGS = {
   autovacuum: "on",
   autovacuum_naptime: "'10s'",
   track_counts: "on",

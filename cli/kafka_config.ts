@@ -1,7 +1,7 @@
 /** The Kafka settings the command-line tools share. */
 import { z } from "zod";
-import { kafkaConnection, kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
-import type { KafkaSecurity } from "../kafka/security.ts";
+import { kafkaEnv, logEnv, processEnv, readEnv } from "../core/config.ts";
+import { kafkaConnection, type KafkaSecurity } from "../kafka/security.ts";
 
 export const KafkaCliEnv = z.object({ ...kafkaEnv, ...logEnv });
 export type KafkaCliConfig = z.infer<typeof KafkaCliEnv> & {

@@ -64,7 +64,7 @@ may get up to N x rate. Exit 1 when printing a tenant that does not exist.`,
 } satisfies CommandSpec;
 
 /** `--max-queued`'s value: a count, null for none, or undefined when it is not one. */
-export function parseMaxQueued(text: string): number | null | undefined {
+function parseMaxQueued(text: string): number | null | undefined {
   if (text === "none") return null;
   if (!/^(0|[1-9][0-9]{0,9})$/.test(text)) return undefined;
   const n = Number(text);
@@ -72,7 +72,7 @@ export function parseMaxQueued(text: string): number | null | undefined {
 }
 
 /** `--rate`'s value: runs per second, null for none, or undefined when it is not one. */
-export function parseRate(text: string): number | null | undefined {
+function parseRate(text: string): number | null | undefined {
   if (text === "none") return null;
   if (!/^[0-9]{1,7}(\.[0-9]{1,6})?$/.test(text)) return undefined;
   const r = Number(text);
@@ -80,7 +80,7 @@ export function parseRate(text: string): number | null | undefined {
 }
 
 /** One line for people: `acme: max-queued 1000, rate 50/s` (`unlimited` for none). */
-export function quotaLine(q: TenantQuota): string {
+function quotaLine(q: TenantQuota): string {
   const queued = q.max_queued === null ? "unlimited" : String(q.max_queued);
   const rate = q.admission_rate === null ? "unlimited" : `${q.admission_rate}/s`;
   return `${q.tenant_id}: max-queued ${queued}, rate ${rate}`;

@@ -27,7 +27,7 @@ import {
   tenantExists,
   type TokenListing,
 } from "../db/auth.ts";
-import { hashToken, newToken, storedTenantScope } from "../api/auth.ts";
+import { hashToken, newToken, storedTenantScope } from "../contracts/tokens.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
 import { isTenantId } from "../contracts/topics.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
@@ -115,7 +115,7 @@ const TENANTS_MAX_CHARS = 1000;
 const UNITS_MS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 
 /** `30d`, `12h`, `15m`, `90s` in milliseconds; `undefined` for anything else. */
-export function parseDuration(text: string): number | undefined {
+function parseDuration(text: string): number | undefined {
   const m = /^([1-9][0-9]{0,5})([smhd])$/.exec(text);
   return m ? Number(m[1]) * UNITS_MS[m[2]] : undefined;
 }
@@ -282,7 +282,7 @@ async function revoke(args: string[]): Promise<number> {
 }
 
 /** The aligned table `token list` prints: a header, then a row per token. */
-export function tokenTable(tokens: TokenListing[], service: boolean): string[] {
+function tokenTable(tokens: TokenListing[], service: boolean): string[] {
   const header = [
     "ID",
     "NAME",

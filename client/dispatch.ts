@@ -42,6 +42,7 @@ import { RunRequest as RunRequestSchema } from "../contracts/runs.ts";
 import type { ProblemFieldError, RunRequest } from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import { dispatchMessageKey, dispatchTopic } from "../contracts/topics.ts";
+import { isTraceparent } from "../contracts/trace_context.ts";
 import { createProducer, type KafkaProducer } from "../kafka/producer.ts";
 import type { KafkaSasl, KafkaSecurity, KafkaTls, SaslMechanism } from "../kafka/security.ts";
 import { PoimenProblem } from "./http.ts";
@@ -99,18 +100,8 @@ export interface DispatchReceipt {
   traceparent: string;
 }
 
-// version-traceid-parentid-flags, lower-case hex (W3C Trace Context, level 1).
-const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$/;
-
-/**
- * Whether `value` is a valid W3C `traceparent` of the four fields: lower-case
- * hex, a version other than `ff`, trace and parent ids not all zeros.
- */
-export function isTraceparent(value: string): boolean {
-  const m = TRACEPARENT.exec(value);
-  if (!m || m[1] === "ff") return false;
-  return !/^0+$/.test(m[2]) && !/^0+$/.test(m[3]);
-}
+/** The one rule of a valid `traceparent` (contracts/trace_context.ts): a caller's is checked with it. */
+export { isTraceparent };
 
 /** A new W3C `traceparent`: random trace and parent ids, sampled. */
 export function newTraceparent(): string {

@@ -5,7 +5,8 @@
  *
  * @module
  */
-import type { Run, RunEvent } from "../contracts/wire.ts";
+import { FINAL_STATUSES, RECONNECT_COMMENT, type Run, type RunEvent } from "../contracts/wire.ts";
+import { FINAL_EVENT_TYPES } from "../contracts/event_types.ts";
 import { backoffWithJitter, SECOND } from "../core/time.ts";
 import { EventStreamParser } from "./event_stream.ts";
 import {
@@ -16,20 +17,6 @@ import {
   unexpectedAnswer,
 } from "./problems.ts";
 import { type RequestOptions, sleep } from "./retry.ts";
-
-/** The statuses a run never leaves. */
-export const FINAL_STATUSES: ReadonlySet<string> = new Set(["succeeded", "failed", "cancelled"]);
-
-/** The event types that end a run (its last events). */
-export const FINAL_EVENT_TYPES: ReadonlySet<string> = new Set(
-  [...FINAL_STATUSES].map((s) => `run.${s}`),
-);
-
-/**
- * The comment line the API ends a stream with when the stream reached its
- * lifetime (RUN_STREAM_MAX_MS): the run goes on, connect again at once.
- */
-export const RECONNECT_COMMENT = "reconnect";
 
 /** What `onReconnect` is told before `followRun` connects again. */
 export interface ReconnectInfo {

@@ -92,6 +92,19 @@ export type {
   RunStatus,
   WaitingFor,
 };
+export type {
+  RunAdmittedPayload,
+  RunCancelledPayload,
+  RunError,
+  RunEventOf,
+  RunEventPayloads,
+  RunEventType,
+  RunFailedPayload,
+  RunReleasedPayload,
+  RunRetryingPayload,
+  RunStartedPayload,
+  RunSucceededPayload,
+} from "../contracts/wire.ts";
 export type { FollowRunOptions, ReconnectInfo } from "./follow_run.ts";
 export type { RequestOptions, RetryInfo, RetryOptions } from "./retry.ts";
 export type { WaitForRunOptions } from "./wait_for_run.ts";

@@ -4,13 +4,9 @@
  *
  * @module
  */
-import type { Run } from "../contracts/wire.ts";
+import { FINAL_STATUSES, MAX_WAIT_SECONDS, type Run } from "../contracts/wire.ts";
 import { SECOND } from "../core/time.ts";
-import { FINAL_STATUSES } from "./follow_run.ts";
 import { type RequestOptions, sleep, transient } from "./retry.ts";
-
-/** The longest `Prefer: wait` the API grants, in seconds (its MAX_WAIT_SECONDS). */
-export const MAX_WAIT_SECONDS = 60;
 
 /** Options of `waitForRun`. */
 export interface WaitForRunOptions extends Omit<RequestOptions, "timeoutMs" | "deadlineMs"> {

@@ -12,7 +12,7 @@
 import type { Run, RunRequest, RunStatus } from "../contracts/wire.ts";
 import type { WorkflowDefinition } from "../contracts/workflow.ts";
 import type { PoimenClient } from "./http.ts";
-import { FINAL_STATUSES } from "./follow_run.ts";
+import { FINAL_STATUSES } from "../contracts/wire.ts";
 import type { RequestOptions } from "./retry.ts";
 
 /** Options of `start`: the run's own fields, and how the call retries. */

@@ -28,7 +28,7 @@ export interface JsonProblem {
  * Why a string cannot be stored: Postgres' jsonb and text refuse NUL, and an
  * unpaired UTF-16 surrogate has no UTF-8 encoding at all.
  */
-export function badString(s: string): string | undefined {
+function badString(s: string): string | undefined {
   if (s.includes("\0")) return "contains NUL (U+0000)";
   if (!s.isWellFormed()) return "contains an unpaired UTF-16 surrogate";
   return undefined;

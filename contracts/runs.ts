@@ -8,6 +8,8 @@
 import { z } from "zod";
 import type * as Wire from "./wire.ts";
 import { JsonValue, MAX_JSON_DEPTH } from "./json_value.ts";
+import { RUN_EVENT_PAYLOADS } from "./events.ts";
+import type { RunEventType } from "./event_types.ts";
 
 // Printable: no control characters (C0, DEL, C1) and no lone surrogates.
 const PRINTABLE = /^[^\p{Cc}\p{Cs}]+$/u;
@@ -53,7 +55,7 @@ export const MAX_RUN_AFTER_OFFSET_HOURS = 15;
  * Why an RFC 3339 time (already of the right shape) is not a `run_after`
  * Postgres and poimen accept, or undefined when it is one.
  */
-export function runAfterProblem(at: string, now: number = Date.now()): string | undefined {
+function runAfterProblem(at: string, now: number = Date.now()): string | undefined {
   const year = Number(at.slice(0, 4));
   if (!(year >= MIN_RUN_AFTER_YEAR)) return `a year from ${MIN_RUN_AFTER_YEAR} on`;
   const offset = /([+-])(\d\d):\d\d$/.exec(at);
@@ -222,15 +224,28 @@ export const RunPage = z.object({
 });
 export type RunPage = z.infer<typeof RunPage>;
 
-/** One event of a run, as `GET /v1/runs/{run_id}/events` returns it. */
-export const RunEvent = z.object({
-  seq: z.number().int().describe("Per-run sequence number, from 1"),
-  type: z.string().describe("`run.admitted`, `run.started`, `run.succeeded`, …"),
-  payload: z.unknown(),
-  at: z.string(),
-  published_at: z.string().nullable().describe("When the outbox shipped it to Kafka"),
-  parked_at: z.string().nullable().describe("Set aside by the outbox: it can never be shipped"),
-});
+/** One event of type `type`, as `GET /v1/runs/{run_id}/events` returns it. */
+function runEventOf<T extends RunEventType>(type: T) {
+  return z.object({
+    seq: z.number().int().describe("Per-run sequence number, from 1"),
+    type: z.literal(type),
+    payload: RUN_EVENT_PAYLOADS[type],
+    at: z.string(),
+    published_at: z.string().nullable().describe("When the outbox shipped it to Kafka"),
+    parked_at: z.string().nullable().describe("Set aside by the outbox: it can never be shipped"),
+  });
+}
+
+/** One event of a run: its payload is its type's (docs/runs.md lists them). */
+export const RunEvent = z.discriminatedUnion("type", [
+  runEventOf("run.admitted"),
+  runEventOf("run.started"),
+  runEventOf("run.succeeded"),
+  runEventOf("run.retrying"),
+  runEventOf("run.failed"),
+  runEventOf("run.released"),
+  runEventOf("run.cancelled"),
+]);
 export type RunEvent = z.infer<typeof RunEvent>;
 
 export const RunEvents = z.object({
@@ -276,7 +291,7 @@ export const SourceHeader = z.string().min(1).max(300).regex(
  * Undefined when it starts with `"` and is no well-formed sf-string (an
  * item parameter after it included: the draft defines none).
  */
-export function idempotencyKeyOf(value: string): string | undefined {
+function idempotencyKeyOf(value: string): string | undefined {
   if (!value.startsWith('"')) return value;
   const m = /^"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"$/.exec(value);
   return m ? m[1].replace(/\\(["\\])/g, "$1") : undefined;

@@ -83,6 +83,3 @@ export function parseTenantScope(
     },
   };
 }
-
-/** The scope that allows every tenant. */
-export const ALL_TENANTS: TenantScope = parseTenantScope("*").scope!;

@@ -7,6 +7,20 @@
  * clients (client/) take their types from here, so they load no
  * third-party code and their documentation shows real fields.
  */
+import type { RunEventPayloads, RunEventType } from "./event_types.ts";
+
+export type {
+  RunAdmittedPayload,
+  RunCancelledPayload,
+  RunError,
+  RunEventPayloads,
+  RunEventType,
+  RunFailedPayload,
+  RunReleasedPayload,
+  RunRetryingPayload,
+  RunStartedPayload,
+  RunSucceededPayload,
+} from "./event_types.ts";
 
 /** The admission request: `POST /v1/runs` body and `poimen.<tenant>.dispatch` message value. */
 export interface RunRequest {
@@ -130,14 +144,17 @@ export interface RunPage {
   next_cursor: string | null;
 }
 
-/** One event of a run (`GET /v1/runs/{run_id}/events`, and each event of its stream). */
-export interface RunEvent {
+/**
+ * One event of type `T` of a run (`GET /v1/runs/{run_id}/events`, and each
+ * event of its stream).
+ */
+export interface RunEventOf<T extends RunEventType> {
   /** Per-run sequence number, from 1. */
   seq: number;
-  /** `run.admitted`, `run.started`, `run.succeeded`, … */
-  type: string;
-  /** What the event carries (any JSON). */
-  payload: unknown;
+  /** The event type. */
+  type: T;
+  /** What the event carries: the type's payload (contracts/event_types.ts). */
+  payload: RunEventPayloads[T];
   /** When it happened (RFC 3339). */
   at: string;
   /** When the outbox shipped it to Kafka. */
@@ -145,6 +162,12 @@ export interface RunEvent {
   /** Set aside by the outbox: it can never be shipped. */
   parked_at: string | null;
 }
+
+/**
+ * One event of a run, a union discriminated by `type`: `switch (event.type)`
+ * narrows `event.payload` to that type's.
+ */
+export type RunEvent = { [T in RunEventType]: RunEventOf<T> }[RunEventType];
 
 /** One failing field of a schema error. */
 export interface ProblemFieldError {
@@ -188,3 +211,23 @@ export const HEADERS = {
   /** On a replay whose body differs from the original's. */
   bodyMismatch: "Idempotent-Body-Mismatch",
 } as const;
+
+/** The statuses a run never leaves. */
+export const FINAL_STATUSES: ReadonlySet<string> = new Set<RunStatus>([
+  "succeeded",
+  "failed",
+  "cancelled",
+]);
+
+/**
+ * The longest `Prefer: wait=N` the API grants, in seconds: a longer wait is
+ * cut to it (and `Preference-Applied` says so).
+ */
+export const MAX_WAIT_SECONDS = 60;
+
+/**
+ * The comment line (`: reconnect…`) the API ends a run's event stream with
+ * when the stream reached its lifetime (RUN_STREAM_MAX_MS): the run goes
+ * on, and a follower connects again at once with `Last-Event-ID`.
+ */
+export const RECONNECT_COMMENT = "reconnect";

@@ -100,7 +100,7 @@ function firstSentence(err: unknown): string {
 }
 
 /** The `--help` text of `spec`. */
-export function helpText(spec: CommandSpec): string {
+function helpText(spec: CommandSpec): string {
   const lines = [`usage: ${spec.name} ${spec.synopsis}`.trimEnd(), "", spec.description.trim()];
   const flags: [string, string][] = Object.entries(spec.flags ?? {}).map(([name, f]) => {
     const value = f.type === "string" ? ` <${f.valueName ?? "value"}>` : "";

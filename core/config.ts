@@ -8,14 +8,6 @@
 import { z } from "zod";
 import { ConfigError } from "./errors.ts";
 import { DAY } from "./time.ts";
-import {
-  type KafkaSecurity,
-  type KafkaSecurityEnv,
-  SASL_MECHANISMS,
-  SECURITY_PROTOCOLS,
-  securityEnvProblem,
-  securityFromEnv,
-} from "../kafka/security.ts";
 
 /** Parses `env` with `schema`; throws a one-line `ConfigError` naming the first bad variable. */
 export function readEnv<S extends z.ZodObject>(
@@ -31,7 +23,7 @@ export function readEnv<S extends z.ZodObject>(
   if (result.success) {
     // Settings that only work together (SASL_SSL and its credentials, a certificate and its key).
     if ("KAFKA_SECURITY_PROTOCOL" in schema.shape) {
-      const problem = securityEnvProblem(result.data as Parameters<typeof securityEnvProblem>[0]);
+      const problem = securityEnvProblem(result.data as KafkaSecurityEnv);
       if (problem) {
         const [name, message] = problem;
         const shown = picked[name] === undefined ? "unset" : "invalid";
@@ -86,10 +78,10 @@ export const DEFAULT_KAFKA_BROKERS = "127.0.0.1:9092";
  * its name against the URL's host (verify-ca is as strict as verify-full
  * here). The CA of a private server is given with Deno's own `DENO_CERT`.
  */
-export const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
+const SSL_MODES = ["disable", "allow", "prefer", "require", "verify-ca", "verify-full"];
 
 /** Why a `DATABASE_URL`'s TLS settings cannot work as written, or undefined. */
-export function databaseUrlProblem(url: string): string | undefined {
+function databaseUrlProblem(url: string): string | undefined {
   // Not a URL at all is .url()'s to report (zod runs the refinement anyway).
   if (!URL.canParse(url)) return undefined;
   const params = new URL(url).searchParams;
@@ -112,6 +104,62 @@ export const databaseEnv = {
   DATABASE_POOL_SIZE: positiveInt(10),
 };
 
+/** The SASL mechanisms `KAFKA_SASL_MECHANISM` takes (Kafka's names). */
+export const SASL_MECHANISMS = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] as const;
+
+/** Kafka's `security.protocol` values, as `KAFKA_SECURITY_PROTOCOL` takes them. */
+const SECURITY_PROTOCOLS = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] as const;
+
+/**
+ * The security variables of `kafkaEnv`, as validated there; kafka/security.ts
+ * `securityFromEnv` turns them into a client's settings.
+ */
+export interface KafkaSecurityEnv {
+  KAFKA_SECURITY_PROTOCOL: typeof SECURITY_PROTOCOLS[number];
+  KAFKA_SASL_MECHANISM?: typeof SASL_MECHANISMS[number];
+  KAFKA_SASL_USERNAME?: string;
+  KAFKA_SASL_PASSWORD?: string;
+  KAFKA_SSL_CA_FILE?: string;
+  KAFKA_SSL_CERT_FILE?: string;
+  KAFKA_SSL_KEY_FILE?: string;
+}
+
+/**
+ * Why the security variables of `env` cannot work together, as
+ * `[variable, problem]`, or undefined. Checked by `readEnv` for every schema
+ * holding `KAFKA_SECURITY_PROTOCOL`: a setting that would be ignored is a
+ * mistake too (SASL credentials under `SSL`, a CA file under `SASL_PLAINTEXT`).
+ */
+export function securityEnvProblem(env: KafkaSecurityEnv): [string, string] | undefined {
+  const protocol = env.KAFKA_SECURITY_PROTOCOL;
+  const sasl = protocol.startsWith("SASL_");
+  const tls = protocol.endsWith("SSL");
+  const saslVars = ["KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"] as const;
+  for (const name of saslVars) {
+    if (sasl && env[name] === undefined) {
+      return [name, `required with KAFKA_SECURITY_PROTOCOL=${protocol}`];
+    }
+    if (!sasl && env[name] !== undefined) {
+      return [
+        name,
+        `only read with KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL, not ${protocol}`,
+      ];
+    }
+  }
+  for (const name of ["KAFKA_SSL_CA_FILE", "KAFKA_SSL_CERT_FILE", "KAFKA_SSL_KEY_FILE"] as const) {
+    if (!tls && env[name] !== undefined) {
+      return [name, `only read with KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL, not ${protocol}`];
+    }
+  }
+  if (env.KAFKA_SSL_CERT_FILE !== undefined && env.KAFKA_SSL_KEY_FILE === undefined) {
+    return ["KAFKA_SSL_KEY_FILE", "required with KAFKA_SSL_CERT_FILE (the certificate's key)"];
+  }
+  if (env.KAFKA_SSL_KEY_FILE !== undefined && env.KAFKA_SSL_CERT_FILE === undefined) {
+    return ["KAFKA_SSL_CERT_FILE", "required with KAFKA_SSL_KEY_FILE (the key's certificate)"];
+  }
+  return undefined;
+}
+
 /** Variables every process that talks to Kafka reads. */
 export const kafkaEnv = {
   KAFKA_BROKERS: z.string().regex(/^[^,\s]+:\d+(,[^,\s]+:\d+)*$/, "expected host:port[,host:port…]")
@@ -128,7 +176,7 @@ export const kafkaEnv = {
   /**
    * Kafka's `security.protocol`: TLS (`SSL`), SASL (`SASL_PLAINTEXT`), both
    * (`SASL_SSL`) or neither. The settings below only work together (checked
-   * by `readEnv`); kafka/security.ts `securityFromEnv` reads the files.
+   * by `readEnv`); kafka/security.ts `kafkaConnection` reads the files.
    */
   KAFKA_SECURITY_PROTOCOL: z.enum(SECURITY_PROTOCOLS).default("PLAINTEXT"),
   KAFKA_SASL_MECHANISM: z.enum(SASL_MECHANISMS).optional(),
@@ -146,20 +194,3 @@ export const kafkaEnv = {
 export const logEnv = {
   LOG_LEVEL: z.enum(["debug", "info", "warn", "error"]).default("info"),
 };
-
-/**
- * Where and how to reach Kafka from validated `kafkaEnv` variables: the
- * brokers and the security settings, reading the PEM files named (a
- * `ConfigError` naming the variable when one cannot be read). Call once at
- * start-up.
- */
-export function kafkaConnection(
-  env: { KAFKA_BROKERS: string } & KafkaSecurityEnv,
-): { brokers: string[]; security: KafkaSecurity } {
-  return { brokers: brokerList(env.KAFKA_BROKERS), security: securityFromEnv(env) };
-}
-
-/** Splits `KAFKA_BROKERS` into a list. */
-export function brokerList(brokers: string): string[] {
-  return brokers.split(",").map((b) => b.trim()).filter(Boolean);
-}

@@ -46,7 +46,6 @@ export const ERRORS = {
   unauthorized: { status: 401, title: "Authentication required", retryable: false },
   forbidden: { status: 403, title: "Not allowed for this tenant", retryable: false },
   "not-found": { status: 404, title: "Not found", retryable: false },
-  /** Cancelling a run that already succeeded or failed: it is left as it is. */
   /**
    * The body stream failed before its end (the client went away or sent a
    * broken chunked body): the client's doing, and worth sending again.
@@ -57,6 +56,7 @@ export const ERRORS = {
    * not hold its share of BODY_BUDGET_BYTES for as long as it likes.
    */
   "body-timeout": { status: 408, title: "Request body too slow", retryable: true },
+  /** Cancelling a run that already succeeded or failed: it is left as it is. */
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
@@ -152,6 +152,7 @@ export interface FieldError {
   message: string;
 }
 
+/** An error poimen reports on purpose: its code, and that code's status and flag from `ERRORS`. */
 export class PoimenError extends Error {
   readonly code: ErrorCode;
   readonly status: number;
@@ -196,7 +197,6 @@ export function nextCause(error: Error): unknown {
 /** Base of every problem `type` URI; the code is appended. */
 export const PROBLEM_BASE = "https://poimen.dev/problems/";
 
-/** A configuration error: `main.ts` prints its message as one line and exits 2. */
 /**
  * A refusal to start that a restart cannot fix (a bad variable, a workflow
  * version registered with another definition): a process exits 2 with its
@@ -206,6 +206,10 @@ export function isRefusal(err: unknown): err is PoimenError {
   return err instanceof PoimenError && (err.code === "config" || err.code === "workflow-conflict");
 }
 
+/**
+ * A configuration error (`readEnv`'s, one line naming the variable): a
+ * refusal to start; `main.ts` prints its message and exits 2.
+ */
 export class ConfigError extends PoimenError {
   constructor(message: string) {
     super("config", message);

@@ -31,7 +31,7 @@ export interface MetricsServerOptions {
  * Serves `/metrics`, `/healthz` and `/readyz` on `hostname:port` (port 0: a
  * free one); resolves once listening.
  */
-export async function serveMetrics(
+async function serveMetrics(
   registry: MetricsSource,
   hostname: string,
   port: number,

@@ -86,7 +86,7 @@ export function named(name: string, service: Service): Part {
 const SIGNAL_NUMBERS: Partial<Record<Deno.Signal, number>> = { SIGINT: 2, SIGTERM: 15 };
 
 /** SIGTERM and SIGINT of this process. */
-export const processSignals: SignalSource = {
+const processSignals: SignalSource = {
   listen(handler) {
     const signals: Deno.Signal[] = ["SIGTERM", "SIGINT"];
     const listeners = signals.map((signal) => {

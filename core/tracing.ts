@@ -19,15 +19,13 @@ import {
   SpanStatusCode,
   trace,
 } from "@opentelemetry/api";
+import { isTraceparent } from "../contracts/trace_context.ts";
 
 const tracer = trace.getTracer("poimen");
 
-// version-traceid-parentid-flags, lower-case hex, version 00 (W3C Trace Context).
-const TRACEPARENT = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
-
-/** `value` when it is a well-formed W3C traceparent, else undefined. */
+/** `value` when it is a valid W3C traceparent (contracts/trace_context.ts), else undefined. */
 export function validTraceparent(value: string | null | undefined): string | undefined {
-  return value !== null && value !== undefined && TRACEPARENT.test(value) ? value : undefined;
+  return value !== null && value !== undefined && isTraceparent(value) ? value : undefined;
 }
 
 const carrier = {

@@ -7,7 +7,17 @@
  */
 import type postgres from "postgres";
 import type { Sql } from "./pool.ts";
+import type { RunError } from "../contracts/event_types.ts";
 import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves } from "./queue_sql.ts";
+import {
+  cancelledPayload,
+  failedPayload,
+  NULL_JSONB,
+  NULL_TEXT,
+  releasedPayload,
+  retryingPayload,
+  succeededPayload,
+} from "./event_payloads.ts";
 
 // postgres.js serializes a jsonb parameter itself (JSON.stringify): pass the
 // value, never a string of it, or it is stored as a JSON string. Round-trip
@@ -31,6 +41,33 @@ const ENDED_SLOTS = slotCountMoves(
 );
 // An unlimited run back in the queue lowers its lane (db/queue_sql.ts).
 const ENDED_LANES = laneMoves("upd", QUEUED_AT);
+
+// The events, from the columns the statements' `upd` CTEs return (`worker`:
+// the owner whose attempt ended; `released`: the attempt a release gave back).
+const SUCCEEDED = succeededPayload({ attempt: "attempts", result: "result" });
+const FAILED = failedPayload({ attempt: "attempts", error: "error" });
+const RETRYING_AFTER_FAILURE = retryingPayload({
+  attempt: "attempts",
+  error: "error",
+  reason: NULL_TEXT,
+  worker: "worker",
+  retry_at: "run_after",
+});
+const CANCELLED_BY_FAILURE = cancelledPayload({
+  attempt: "attempts",
+  requested_at: "cancel_requested_at",
+  error: "error",
+  reason: NULL_TEXT,
+  worker: "worker",
+});
+const RELEASED = releasedPayload({ attempt: "released", worker: "worker", reason: "reason" });
+const CANCELLED_BY_RELEASE = cancelledPayload({
+  attempt: "released",
+  requested_at: "cancel_requested_at",
+  error: NULL_JSONB,
+  reason: "reason",
+  worker: "worker",
+});
 
 /** One run's completion in a `completeRuns` batch. */
 export interface Completion {
@@ -146,7 +183,7 @@ export async function completeRuns(
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.succeeded', goal_id, dispatch_key,
-             jsonb_build_object('attempt', attempts, 'result', result), now()
+             ${sql.unsafe(SUCCEEDED)}, now()
         from upd
     )
     select q.i from upd join q on q.tenant_id = upd.tenant_id and q.run_id = upd.run_id`;
@@ -155,13 +192,8 @@ export async function completeRuns(
   return written;
 }
 
-/** Why an attempt failed, stored as the run's `error` and in its event. */
-export interface AttemptError {
-  message: string;
-  /** A stable code for failures poimen itself decides (e.g. `unknown-workflow`). */
-  code?: string;
-  [key: string]: unknown;
-}
+/** Why an attempt failed, stored as the run's `error` and in its event (contracts/event_types.ts). */
+export type AttemptError = RunError;
 
 /** What `failAttempt` did. */
 export interface FailOutcome {
@@ -173,14 +205,15 @@ export interface FailOutcome {
 
 /**
  * Ends `owner`'s failed attempt: back to `queued`, due in `backoffMs`, with
- * `run.retrying` `{attempt, error, retry_at}`; or, when that was the last
- * attempt or `final` (retrying cannot help, e.g. the input no longer
- * validates), `failed` with `run.failed` `{attempt, error}`; or, when a
- * cancel was requested (whatever made the attempt fail: the aborted handler
- * or its own error), `cancelled` with `run.cancelled` `{attempt, error,
- * requested_at}`. The decision is made on the row, under its lock. Undefined when the lease of attempt
- * `attempt` was lost (also when this very call was already applied and is
- * being retried after a lost reply): nothing was written.
+ * `run.retrying` (its `error`, `worker` and `retry_at`); or, when that was
+ * the last attempt or `final` (retrying cannot help, e.g. the input no
+ * longer validates), `failed` with `run.failed` `{attempt, error}`; or, when
+ * a cancel was requested (whatever made the attempt fail: the aborted
+ * handler or its own error), `cancelled` with `run.cancelled` (its `error`
+ * and `worker`). The decision is made on the row, under its lock. Undefined
+ * when the lease of attempt `attempt` was lost (also when this very call
+ * was already applied and is being retried after a lost reply): nothing was
+ * written.
  */
 export async function failAttempt(
   sql: Sql,
@@ -212,7 +245,7 @@ export async function failAttempt(
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
                 run_after, error, cancel_requested_at, workflow_name, workflow_version,
-                concurrency_key
+                concurrency_key, ${owner}::text as worker
     ),
     ${sql.unsafe(ENDED_SLOTS)},
     ${sql.unsafe(ENDED_LANES)},
@@ -223,10 +256,9 @@ export async function failAttempt(
                          else 'run.retrying' end,
              goal_id, dispatch_key,
              case status
-               when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
-               when 'cancelled' then jsonb_build_object('attempt', attempts, 'error', error,
-                                                        'requested_at', cancel_requested_at)
-               else jsonb_build_object('attempt', attempts, 'error', error, 'retry_at', run_after)
+               when 'failed' then ${sql.unsafe(FAILED)}
+               when 'cancelled' then ${sql.unsafe(CANCELLED_BY_FAILURE)}
+               else ${sql.unsafe(RETRYING_AFTER_FAILURE)}
              end,
              now()
         from upd
@@ -242,9 +274,9 @@ export async function failAttempt(
  * worker went away on purpose, and a deploy must not use up a run's
  * attempts. (A worker that dies without releasing does use one up: see
  * `reclaimExpired`.) A run whose cancel was requested is not given back but
- * ends `cancelled` (`run.cancelled` `{attempt, worker, reason,
- * requested_at}`), its attempt kept. Returns the run's new status;
- * undefined when the lease of attempt `attempt` was already lost.
+ * ends `cancelled` (`run.cancelled` with the `worker` and `reason`), its
+ * attempt kept. Returns the run's new status; undefined when the lease of
+ * attempt `attempt` was already lost.
  */
 export async function releaseRun(
   sql: Sql,
@@ -269,7 +301,8 @@ export async function releaseRun(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at,
-                run_after, workflow_name, workflow_version, concurrency_key
+                run_after, workflow_name, workflow_version, concurrency_key,
+                ${attempt}::int as released, ${owner}::text as worker, ${reason}::text as reason
     ),
     ${sql.unsafe(ENDED_SLOTS)},
     ${sql.unsafe(ENDED_LANES)},
@@ -278,11 +311,8 @@ export async function releaseRun(
       select tenant_id, run_id, event_seq,
              case status when 'cancelled' then 'run.cancelled' else 'run.released' end,
              goal_id, dispatch_key,
-             jsonb_build_object('attempt', ${attempt}::int, 'worker', ${owner}::text,
-                                'reason', ${reason}::text)
-               || case when status = 'cancelled'
-                       then jsonb_build_object('requested_at', cancel_requested_at)
-                       else '{}'::jsonb end,
+             case status when 'cancelled' then ${sql.unsafe(CANCELLED_BY_RELEASE)}
+                         else ${sql.unsafe(RELEASED)} end,
              now()
         from upd
     )

@@ -38,7 +38,7 @@ export interface TokenListing {
  * per this, however often it is used, so authentication never costs a write
  * per request.
  */
-export const LAST_USED_RESOLUTION = "5 minutes";
+const LAST_USED_RESOLUTION = "5 minutes";
 
 /** Creates the tenant unless it exists; true when this call created it. */
 export async function insertTenant(sql: Sql, tenantId: string): Promise<boolean> {

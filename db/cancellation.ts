@@ -10,6 +10,7 @@
 import type { Sql } from "./pool.ts";
 import { runColumns, type RunRow } from "./runs.ts";
 import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+import { cancelledPayload, NULL_JSONB, NULL_TEXT } from "./event_payloads.ts";
 
 const RUN_COLUMNS = runColumns();
 // A cancelled queued run leaves its concurrency group's queue; a running one
@@ -19,11 +20,20 @@ const CANCELLED_SLOTS = slotCountMoves(
   "0",
   "case when was_queued then -1 else 0 end",
 );
+// A queued run ends no attempt: no error, reason or worker.
+const CANCELLED_QUEUED = cancelledPayload({
+  attempt: "attempts",
+  requested_at: "cancel_requested_at",
+  error: NULL_JSONB,
+  reason: NULL_TEXT,
+  worker: NULL_TEXT,
+});
 
 /**
  * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
  * (waiting for its first attempt, or for a retry) becomes `cancelled` at
- * once with a `run.cancelled` event `{attempt, requested_at}`; a running run
+ * once with a `run.cancelled` event (`requested_at`; `error`, `reason` and
+ * `worker` null: no attempt ended); a running run
  * gets `cancel_requested_at` (its worker ends it, see `heartbeat` and
  * `failAttempt`). Returns the run as it now is, with its input; undefined
  * when nothing was written: no such run for this tenant, a finished run, or
@@ -53,7 +63,7 @@ export async function requestCancel(
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.cancelled', goal_id, dispatch_key,
-             jsonb_build_object('attempt', attempts, 'requested_at', cancel_requested_at), now()
+             ${sql.unsafe(CANCELLED_QUEUED)}, now()
         from upd
        where status = 'cancelled'
     )

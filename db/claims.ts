@@ -4,6 +4,10 @@
  */
 import type { Sql } from "./pool.ts";
 import { EVENT_COLUMNS, updateThroughKey } from "./queue_sql.ts";
+import { startedPayload } from "./event_payloads.ts";
+
+// The claimed row's lease_owner is the claiming worker.
+const STARTED = startedPayload({ attempt: "attempts", worker: "lease_owner" });
 
 /** A run a worker just claimed: what it needs to execute it. */
 export interface ClaimedRun {
@@ -54,16 +58,16 @@ function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
   returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
             runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
             runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
-            runs.traceparent, runs.concurrency_key
+            runs.traceparent, runs.concurrency_key, runs.lease_owner
 )`;
 }
 
 /** Each claimed run's `run.started` event `{attempt, worker}`, then the claimed runs. */
-function startedEventsOfClaimed(sql: Sql, owner: string) {
+function startedEventsOfClaimed(sql: Sql) {
   return sql`ev as (
   insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
   select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
-         jsonb_build_object('attempt', attempts, 'worker', ${owner}::text), now()
+         ${sql.unsafe(STARTED)}, now()
     from claimed
 )
 select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
@@ -267,7 +271,7 @@ export async function claimRuns(
       ${sql.unsafe(LANES_PUSHED)}
          set ready_at = excluded.ready_at
     ),
-    ${startedEventsOfClaimed(sql, owner)}`;
+    ${startedEventsOfClaimed(sql)}`;
 }
 
 /**
@@ -386,7 +390,7 @@ export async function claimLimitedRuns(
              due_at = (${sql.unsafe(groupNext("due_at"))}),
              served_at = now()
     ),
-    ${startedEventsOfClaimed(sql, owner)}`;
+    ${startedEventsOfClaimed(sql)}`;
 }
 
 /** `group_next`'s `col` for the group an upsert of concurrency_slots proposed. */

@@ -14,7 +14,7 @@ import type { Sql } from "./pool.ts";
 const LOCK_SPACE = 0x706f696d;
 
 /** The roles a leader is elected for, each its own lock. */
-export const LEADER_ROLES = {
+const LEADER_ROLES = {
   /** Among workers: the reclaimer's scan, the queue gauges, reconcilers. */
   worker: 1,
   /** Among outbox processes: the purge of published events and of finished runs. */

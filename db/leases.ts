@@ -6,6 +6,7 @@
 import type { Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
 import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves, tenantScan } from "./queue_sql.ts";
+import { cancelledPayload, failedPayload, NULL_JSONB, retryingPayload } from "./event_payloads.ts";
 
 const RUNNING_TENANTS = tenantScan(
   "running_tenants",
@@ -20,6 +21,26 @@ const RECLAIMED_SLOTS = slotCountMoves(
   QUEUED_AT,
 );
 const RECLAIMED_LANES = laneMoves("upd", QUEUED_AT);
+
+// The events of a reclaimed run, by its new status: the expired attempt's
+// worker is `previous_owner`; a run failed for good carries the
+// `lease-expired` error its row now holds.
+const LEASE_EXPIRED = "'lease expired'";
+const RECLAIMED_FAILED = failedPayload({ attempt: "attempts", error: "error" });
+const RECLAIMED_CANCELLED = cancelledPayload({
+  attempt: "attempts",
+  requested_at: "cancel_requested_at",
+  error: NULL_JSONB,
+  reason: LEASE_EXPIRED,
+  worker: "previous_owner",
+});
+const RECLAIMED_RETRYING = retryingPayload({
+  attempt: "attempts",
+  error: NULL_JSONB,
+  reason: LEASE_EXPIRED,
+  worker: "previous_owner",
+  retry_at: "run_after",
+});
 
 /** A run whose expired lease `reclaimExpired` took back. */
 export interface ReclaimedRun {
@@ -37,11 +58,13 @@ export interface ReclaimedRun {
 
 /**
  * Takes back up to `limit` runs whose lease expired (their worker died or
- * hung): back to `queued`, due now, with a `run.retrying` event `{attempt,
- * reason: 'lease expired', worker}`; or `failed` with a `run.failed` event
- * when the expired attempt was the last one; or `cancelled` with a
- * `run.cancelled` event when a cancel was requested meanwhile. The attempt
- * counts: a run that kills its worker every time must not be retried forever.
+ * hung): back to `queued`, due now, with a `run.retrying` event (`reason`
+ * `lease expired`, the expired attempt's `worker`, no `error`); or `failed`
+ * with a `run.failed` event (`error` coded `lease-expired`) when the expired
+ * attempt was the last one; or `cancelled` with a `run.cancelled` event
+ * (`reason` and `worker` as for a retry) when a cancel was requested
+ * meanwhile. The attempt counts: a run that kills its worker every time must
+ * not be retried forever.
  * Tenant by tenant: the tenants with running runs (a loose scan), then each
  * one's expired leases, oldest first, one index range each.
  */
@@ -110,12 +133,9 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
                          else 'run.retrying' end,
              goal_id, dispatch_key,
              case status
-               when 'failed' then jsonb_build_object('attempt', attempts, 'error', error)
-               when 'cancelled' then jsonb_build_object('attempt', attempts,
-                                       'reason', 'lease expired', 'worker', previous_owner,
-                                       'requested_at', cancel_requested_at)
-               else jsonb_build_object('attempt', attempts, 'reason', 'lease expired',
-                                       'worker', previous_owner, 'retry_at', now())
+               when 'failed' then ${sql.unsafe(RECLAIMED_FAILED)}
+               when 'cancelled' then ${sql.unsafe(RECLAIMED_CANCELLED)}
+               else ${sql.unsafe(RECLAIMED_RETRYING)}
              end,
              now()
         from reclaimed

@@ -30,7 +30,7 @@ export const OUTBOX_SHARDS = 32;
  * publisher holds shared while it runs, which is how they count each other.
  * Two-int keys are apart from the migrator's one-bigint key.
  */
-export const OUTBOX_LOCK_CLASS = 0x706f6f62;
+const OUTBOX_LOCK_CLASS = 0x706f6f62;
 const PUBLISHERS_KEY = OUTBOX_SHARDS;
 
 /** The shards a claim may take, and the session that must be holding their locks. */

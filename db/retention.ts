@@ -1,7 +1,8 @@
 /**
- * Retention of finished runs: the purge statement. Runs the outbox process's
- * `RunPurger` (retention/run_purger.ts) deletes in small batches, each one
- * statement (one short transaction), never touching the live queue.
+ * Retention's statements, which the outbox process's `RunPurger`
+ * (retention/run_purger.ts) runs in small batches, each one statement (one
+ * short transaction): finished runs past their retention, with their events
+ * (never a queued or running run), and idle concurrency groups.
  */
 import type { Sql } from "./pool.ts";
 
@@ -79,14 +80,15 @@ export async function purgeFinishedRuns(
 
 /**
  * Deletes up to `limit` concurrency groups (migration 011) that have nothing
- * queued or running and were last claimed from (or, never claimed from,
- * exist) longer than `idleMs` ago, so `concurrency_slots` holds the keys in
- * use, not every key ever seen. Safe against the statements that move the
- * counts: a group is deleted only while its locked row still says idle (a
- * run admitted meanwhile makes it busy, and the delete skips it), and an
- * admission after the delete makes the group again from its first run.
- * Rows others hold are skipped. One small range of the table's own order
- * per call: a maintenance statement, off every run's path.
+ * queued or running and that no claim looked at for `idleMs` (`served_at`;
+ * a group no claim ever looked at, its runs all cancelled while queued, at
+ * once), so `concurrency_slots` holds the keys in use, not every key ever
+ * seen. Safe against the statements that move the counts: a group is
+ * deleted only while its locked row still says idle (a run admitted
+ * meanwhile makes it busy, and the delete skips it), and an admission after
+ * the delete makes the group again from its first run. Rows others hold are
+ * skipped. No index serves it: a scan of the table that stops at `limit`
+ * idle groups, a maintenance statement off every run's path.
  */
 export async function purgeIdleConcurrencyGroups(
   sql: Sql,

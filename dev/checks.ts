@@ -19,7 +19,7 @@ import { loadMigrations, migrate } from "../db/migrate.ts";
 import { PROJECT_ROOT } from "./tasks.ts";
 
 /** The environment variable naming the template database to clone. */
-export const TEMPLATE_VARIABLE = "POIMEN_TEST_TEMPLATE";
+const TEMPLATE_VARIABLE = "POIMEN_TEST_TEMPLATE";
 
 const TEST_ENV = z.object({
   TEST_DATABASE_ADMIN_URL: z.string().url().default("postgres://postgres@127.0.0.1:5432/postgres"),
@@ -75,7 +75,7 @@ function exportedModules(): string[] {
  * missing. Built under a temporary name and renamed when complete, so a
  * concurrent run never clones a half-migrated one.
  */
-export async function templateDatabase(adminUrl: string): Promise<string> {
+async function templateDatabase(adminUrl: string): Promise<string> {
   const migrations = loadMigrations();
   // The embedded copies, which are what migrate() applies (tests/dev_embed_test.ts
   // holds them equal to migrations/*.sql), so the template follows what runs.

@@ -19,7 +19,7 @@ const ROOT = decodeURIComponent(new URL("..", import.meta.url).pathname).replace
 const EXPORT_KEY = `${ROOT}/dev/kafka/ExportKey.java`;
 
 /** The SASL user the secured broker knows (SCRAM and PLAIN). */
-export const SECURED_USER = "poimen";
+const SECURED_USER = "poimen";
 
 /** What a secured broker's clients and configuration need, made once per broker directory. */
 export interface SecuredMaterial {

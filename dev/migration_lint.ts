@@ -43,7 +43,7 @@ export const LARGE_TABLES: ReadonlySet<string> = new Set([
 ]);
 
 /** The comment that waives the rules for the statement just below it, with a reason. */
-export const WAIVER = /--[ \t]*poimen:lock-ok:[ \t]*\S/;
+const WAIVER = /--[ \t]*poimen:lock-ok:[ \t]*\S/;
 
 /** What in `m` breaks the rules, one line each; empty when it follows them. */
 export function lintMigration(m: Migration): string[] {

@@ -9,15 +9,14 @@
  */
 import { z } from "zod";
 import {
-  brokerList,
   DEFAULT_DATABASE_URL,
   DEFAULT_KAFKA_BROKERS,
   DEFAULT_METRICS_PORTS,
-  kafkaConnection,
   kafkaEnv,
   processEnv,
   readEnv,
 } from "../core/config.ts";
+import { brokerList, kafkaConnection } from "../kafka/security.ts";
 import { ConfigError } from "../core/errors.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { delay, SECOND } from "../core/time.ts";

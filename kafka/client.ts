@@ -20,7 +20,7 @@ export type { KafkaSecurity } from "./security.ts";
 
 /** What every client needs to reach the cluster. */
 export interface KafkaClientOptions {
-  /** Bootstrap brokers as `host:port` (see `brokerList` in core/config.ts). */
+  /** Bootstrap brokers as `host:port` (see `brokerList` in kafka/security.ts). */
   brokers: string[];
   /** Sent to the broker; shows up in its logs and quotas. */
   clientId: string;

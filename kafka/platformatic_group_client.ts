@@ -36,7 +36,7 @@ export interface PlatformaticGroupClientOptions extends KafkaClientOptions {
 }
 
 /** A message of the library as `ConsumedMessage`. */
-export function toConsumed(m: RawMessage): ConsumedMessage {
+function toConsumed(m: RawMessage): ConsumedMessage {
   const headers: Record<string, string> = {};
   for (const [k, v] of m.headerEntries) headers[k] = v ?? "";
   return {

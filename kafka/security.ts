@@ -5,26 +5,17 @@
  * (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`), as `KafkaSecurity`, and the
  * options of @platformatic/kafka 2.12.1 it becomes.
  *
- * `securityFromEnv` reads it from the `KAFKA_SECURITY_PROTOCOL` … variables
- * (core/config.ts `kafkaEnv`), once at start-up: the PEM files named there
- * are read then (a missing or unreadable one is a `ConfigError` naming its
+ * `securityFromEnv` (and `kafkaConnection`, with the brokers) reads it from
+ * the `KAFKA_SECURITY_PROTOCOL` … variables, validated by core/config.ts
+ * (`kafkaEnv`, `readEnv`), once at start-up: the PEM files named there are
+ * read then (a missing or unreadable one is a `ConfigError` naming its
  * variable), so the process never reads a file afterwards.
  */
 import { ConfigError } from "../core/errors.ts";
+import type { KafkaSecurityEnv } from "../core/config.ts";
 
-/** A SASL mechanism poimen speaks (Kafka's names). */
+/** A SASL mechanism poimen speaks (Kafka's names; `SASL_MECHANISMS` of core/config.ts). */
 export type SaslMechanism = "PLAIN" | "SCRAM-SHA-256" | "SCRAM-SHA-512";
-/** Every `SaslMechanism`. */
-export const SASL_MECHANISMS = [
-  "PLAIN",
-  "SCRAM-SHA-256",
-  "SCRAM-SHA-512",
-] as const satisfies readonly SaslMechanism[];
-
-/** Kafka's `security.protocol` values. */
-export const SECURITY_PROTOCOLS = ["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] as const;
-/** One of `SECURITY_PROTOCOLS`. */
-export type SecurityProtocol = typeof SECURITY_PROTOCOLS[number];
 
 /** TLS settings of a client: PEM text, not file names. */
 export interface KafkaTls {
@@ -55,53 +46,6 @@ export interface KafkaSecurity {
   tls?: KafkaTls;
   /** Present: every connection authenticates (protocol `SASL_PLAINTEXT` or `SASL_SSL`). */
   sasl?: KafkaSasl;
-}
-
-/** The security variables of `kafkaEnv`, as validated there. */
-export interface KafkaSecurityEnv {
-  KAFKA_SECURITY_PROTOCOL: SecurityProtocol;
-  KAFKA_SASL_MECHANISM?: SaslMechanism;
-  KAFKA_SASL_USERNAME?: string;
-  KAFKA_SASL_PASSWORD?: string;
-  KAFKA_SSL_CA_FILE?: string;
-  KAFKA_SSL_CERT_FILE?: string;
-  KAFKA_SSL_KEY_FILE?: string;
-}
-
-/**
- * Why the security variables of `env` cannot work together, as
- * `[variable, problem]`, or undefined. Checked by `readEnv` for every schema
- * holding `KAFKA_SECURITY_PROTOCOL`: a setting that would be ignored is a
- * mistake too (SASL credentials under `SSL`, a CA file under `SASL_PLAINTEXT`).
- */
-export function securityEnvProblem(env: KafkaSecurityEnv): [string, string] | undefined {
-  const protocol = env.KAFKA_SECURITY_PROTOCOL;
-  const sasl = protocol.startsWith("SASL_");
-  const tls = protocol.endsWith("SSL");
-  const saslVars = ["KAFKA_SASL_MECHANISM", "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"] as const;
-  for (const name of saslVars) {
-    if (sasl && env[name] === undefined) {
-      return [name, `required with KAFKA_SECURITY_PROTOCOL=${protocol}`];
-    }
-    if (!sasl && env[name] !== undefined) {
-      return [
-        name,
-        `only read with KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT or SASL_SSL, not ${protocol}`,
-      ];
-    }
-  }
-  for (const name of ["KAFKA_SSL_CA_FILE", "KAFKA_SSL_CERT_FILE", "KAFKA_SSL_KEY_FILE"] as const) {
-    if (!tls && env[name] !== undefined) {
-      return [name, `only read with KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL, not ${protocol}`];
-    }
-  }
-  if (env.KAFKA_SSL_CERT_FILE !== undefined && env.KAFKA_SSL_KEY_FILE === undefined) {
-    return ["KAFKA_SSL_KEY_FILE", "required with KAFKA_SSL_CERT_FILE (the certificate's key)"];
-  }
-  if (env.KAFKA_SSL_KEY_FILE !== undefined && env.KAFKA_SSL_CERT_FILE === undefined) {
-    return ["KAFKA_SSL_CERT_FILE", "required with KAFKA_SSL_KEY_FILE (the key's certificate)"];
-  }
-  return undefined;
 }
 
 /** What each PEM file must hold. */
@@ -158,6 +102,23 @@ export function securityFromEnv(env: KafkaSecurityEnv): KafkaSecurity {
     };
   }
   return out;
+}
+
+/** Splits `KAFKA_BROKERS` into a list. */
+export function brokerList(brokers: string): string[] {
+  return brokers.split(",").map((b) => b.trim()).filter(Boolean);
+}
+
+/**
+ * Where and how to reach Kafka from validated `kafkaEnv` variables: the
+ * brokers and the security settings, reading the PEM files named (a
+ * `ConfigError` naming the variable when one cannot be read). Call once at
+ * start-up.
+ */
+export function kafkaConnection(
+  env: { KAFKA_BROKERS: string } & KafkaSecurityEnv,
+): { brokers: string[]; security: KafkaSecurity } {
+  return { brokers: brokerList(env.KAFKA_BROKERS), security: securityFromEnv(env) };
 }
 
 /**

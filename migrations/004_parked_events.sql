@@ -1,10 +1,12 @@
 -- Parked events: an event the broker refuses for a permanent reason (too
 -- large, invalid record) or that is over EVENTS_MAX_MESSAGE_BYTES is set
 -- aside instead of being retried forever, which would stall every batch
--- behind it. A parked row stays unpublished (published_at is null) and is
--- never purged; an operator un-parks it (parked_at = null) once the cause is
--- fixed, e.g. the topic's max.message.bytes raised. Numbered 004: 003 is
--- taken by the plan-stability indexes.
+-- behind it. A parked row stays unpublished (published_at is null), so the
+-- outbox's purge of published events never takes it; retention of finished
+-- runs deletes it with its run. An operator un-parks it once the cause is
+-- fixed (e.g. the topic's max.message.bytes raised) by clearing parked_at and
+-- parked_reason together: the check below holds the two to each other.
+-- Numbered 004: 003 is taken by the plan-stability indexes.
 alter table work_events add column parked_at timestamptz;
 alter table work_events add column parked_reason text;
 alter table work_events add constraint work_events_parked_reason

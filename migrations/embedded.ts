@@ -175,10 +175,12 @@ create index runs_failed_idx on runs (tenant_id, status, run_id)
 -- Parked events: an event the broker refuses for a permanent reason (too
 -- large, invalid record) or that is over EVENTS_MAX_MESSAGE_BYTES is set
 -- aside instead of being retried forever, which would stall every batch
--- behind it. A parked row stays unpublished (published_at is null) and is
--- never purged; an operator un-parks it (parked_at = null) once the cause is
--- fixed, e.g. the topic's max.message.bytes raised. Numbered 004: 003 is
--- taken by the plan-stability indexes.
+-- behind it. A parked row stays unpublished (published_at is null), so the
+-- outbox's purge of published events never takes it; retention of finished
+-- runs deletes it with its run. An operator un-parks it once the cause is
+-- fixed (e.g. the topic's max.message.bytes raised) by clearing parked_at and
+-- parked_reason together: the check below holds the two to each other.
+-- Numbered 004: 003 is taken by the plan-stability indexes.
 alter table work_events add column parked_at timestamptz;
 alter table work_events add column parked_reason text;
 alter table work_events add constraint work_events_parked_reason
@@ -446,12 +448,13 @@ alter table tenants
 -- The concurrency groups that hold runs back: at their limit, with runs
 -- queued. What the console's queue page lists per tenant, most queued first
 -- (db/concurrency_overview.ts): a range of this index, so the page costs the
--- groups it shows, not the tenant's groups that ever had a run (a row per
--- key stays in concurrency_slots for good). The claim never reads it (its
--- groups have room: concurrency_slots_ready_idx). Updates of a slot row are
--- not HOT already (the ready index's predicate reads the counts), so this
--- adds one index entry per update of a full group with a backlog, none for
--- other groups. Collation "C" as migration 003 explains.
+-- groups it shows, not every group the tenant has (a key's row stays in
+-- concurrency_slots until retention purges it idle). The claim never reads
+-- it: it walks groups with room (concurrency_slots_due_idx since migration
+-- 016). Updates of a slot row are not HOT already (that index's predicate
+-- reads the counts), so this adds one index entry per update of a full group
+-- with a backlog, none for other groups. Collation "C" as migration 003
+-- explains.
 create index concurrency_slots_waiting_idx
   on concurrency_slots (tenant_id collate "C", queued desc, workflow_name, concurrency_key)
   where queued > 0 and running >= max_running;

@@ -2,7 +2,8 @@
  * The Kafka message of one outbox event: the format of contracts/events.ts,
  * keyed by run and with the event's identity in headers.
  */
-import { EVENT_HEADERS, type EventMessage } from "../contracts/events.ts";
+import { EVENT_HEADERS } from "../contracts/events.ts";
+import type { EventMessageOf, RunEventType } from "../contracts/event_types.ts";
 import { eventMessageKey, eventsTopic } from "../contracts/topics.ts";
 import type { PendingEvent } from "../db/outbox.ts";
 import type { ProduceMessage } from "../kafka/producer.ts";
@@ -24,10 +25,13 @@ export function toMessage(e: PendingEvent): ProduceMessage & { value: Uint8Array
   // W3C Trace Context's own header name, so tracing consumers continue the run's trace.
   if (e.traceparent) headers.traceparent = e.traceparent;
   // Typed by the contract, not parsed with it: the table's constraints
-  // already guarantee the shape, and a failed parse here would leave the
-  // row pending forever and stall every batch behind it. The tests parse
-  // what they read back.
-  const envelope: Omit<EventMessage, "payload" | "at"> = {
+  // guarantee the envelope, the statements of db/ write only the contract's
+  // types and payloads (tests/db_events_test.ts parses every one), and a
+  // failed parse here would leave the row pending forever and stall every
+  // batch behind it. The tests parse what they read back.
+  const envelope: Omit<EventMessageOf<RunEventType>, "type" | "payload" | "at"> & {
+    type: string;
+  } = {
     // Identity values stay far below 2^53; a number is what consumers expect.
     event_id: Number(e.event_id),
     tenant_id: e.tenant_id,

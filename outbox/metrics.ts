@@ -12,8 +12,6 @@ export interface OutboxHooks {
   onParked?(count: number): void;
 }
 
-export type OutboxMetrics = ReturnType<typeof createOutboxMetrics>;
-
 // A scrape reads both backlog gauges; one query serves both, and a burst of
 // scrapes within this window shares it too.
 const STATS_TTL_MS = 500;

@@ -8,7 +8,8 @@
  * (core/process_harness.ts: a second signal forces the exit).
  */
 import client from "prom-client";
-import { kafkaConnection, processEnv } from "../core/config.ts";
+import { processEnv } from "../core/config.ts";
+import { kafkaConnection } from "../kafka/security.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { named, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger, type Logger } from "../core/log.ts";

@@ -43,7 +43,7 @@ import { ShardLocks } from "./shard_locks.ts";
 export type { OutboxKafka } from "./kafka_sender.ts";
 
 /** Payload bytes of one batch when `batchMaxBytes` is not said. */
-export const DEFAULT_BATCH_MAX_BYTES = 16 * 1024 * 1024;
+const DEFAULT_BATCH_MAX_BYTES = 16 * 1024 * 1024;
 
 /** Options of `OutboxPublisher`. */
 export interface OutboxPublisherOptions {

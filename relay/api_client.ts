@@ -6,13 +6,14 @@
  */
 import { activeTraceparent, inSpan, remoteContext } from "../core/tracing.ts";
 import { HEADERS, RELAY_KEY_PREFIX } from "../contracts/runs.ts";
+import { isTraceparent } from "../contracts/trace_context.ts";
 import { type ErrorCode, ERRORS } from "../core/errors.ts";
 import { backoffWithJitter } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";
 import { type ApiAnswer, PoimenProblem, problemFromAnswer } from "../client/problems.ts";
 
 /** Longest problem detail kept (it ends up in a Kafka header). */
-export const MAX_DETAIL = 500;
+const MAX_DETAIL = 500;
 
 /** What one attempt at admitting a message came to. */
 export type Outcome =
@@ -215,14 +216,11 @@ function truncate(text: string): string {
   return text.length > MAX_DETAIL ? text.slice(0, MAX_DETAIL - 1) + "…" : text;
 }
 
-// W3C Trace Context, level 1: version 00's shape (a later version may add
-// fields after a dash); all-zero trace or parent ids are invalid.
-const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?$/;
 const TRACESTATE = /^[\x20-\x7e]{0,512}$/;
 
 /**
- * The trace headers to pass on, from a message's headers: only a
- * well-formed `traceparent` (and with it a `tracestate` of printable ASCII,
+ * The trace headers to pass on, from a message's headers: only a valid
+ * `traceparent` (contracts/trace_context.ts; and with it a `tracestate` of printable ASCII,
  * at most 512 characters), as W3C Trace Context says a receiver must treat
  * anything else. A publisher's garbage (a newline, a non-Latin-1 character)
  * would otherwise make every attempt fail before it is sent, forever.
@@ -231,18 +229,8 @@ export function traceHeaders(
   traceparent: string | undefined,
   tracestate: string | undefined,
 ): { traceparent?: string; tracestate?: string } {
-  const parent = traceparent;
-  // Exact, not trimmed or lower-cased: a receiver must not repair a traceparent.
-  if (
-    parent === undefined || !TRACEPARENT.test(parent) || parent.startsWith("ff-") ||
-    (parent.startsWith("00-") && parent.length !== 55) || /^..-0{32}-/.test(parent) ||
-    /^.{35}-0{16}-/.test(parent)
-  ) {
-    return {};
-  }
-  return tracestate && TRACESTATE.test(tracestate)
-    ? { traceparent: parent, tracestate }
-    : { traceparent: parent };
+  if (traceparent === undefined || !isTraceparent(traceparent)) return {};
+  return tracestate && TRACESTATE.test(tracestate) ? { traceparent, tracestate } : { traceparent };
 }
 
 /** One message to admit. */

@@ -9,7 +9,7 @@ import type { ProduceMessage } from "../kafka/producer.ts";
 import { dispatchTopic, dlqTopic } from "../contracts/topics.ts";
 
 /** Prefix of every header the relay adds to a dead letter. */
-export const DLQ_HEADER_PREFIX = "poimen-dlq-";
+const DLQ_HEADER_PREFIX = "poimen-dlq-";
 
 /** The headers the relay adds to a dead letter. */
 export const DLQ_HEADERS = {

@@ -19,7 +19,7 @@ import { partitionKey } from "../kafka/client.ts";
 import type { RelayMetrics } from "./metrics.ts";
 
 /** Measurements not settled yet (hung ones included) before another is started. */
-export const MAX_UNANSWERED = 3;
+const MAX_UNANSWERED = 3;
 
 /** The admin calls a measurement makes. */
 export type LagSource = Pick<

@@ -12,7 +12,7 @@ import type { RelayMetrics } from "./metrics.ts";
 import type { OffsetTracker } from "./offsets.ts";
 
 /** Longest the final commit may take at stop before the group is left anyway. */
-export const FINAL_COMMIT_MS = 5 * SECOND;
+const FINAL_COMMIT_MS = 5 * SECOND;
 
 /** A partition whose done prefix is committed. */
 export interface Committable {

@@ -6,7 +6,8 @@
  * second signal forces the exit).
  */
 import client from "prom-client";
-import { kafkaConnection, processEnv } from "../core/config.ts";
+import { processEnv } from "../core/config.ts";
+import { kafkaConnection } from "../kafka/security.ts";
 import { type Part, runProcess, stopDeadline } from "../core/process_harness.ts";
 import { createLogger } from "../core/log.ts";
 import { ApiClient } from "./api_client.ts";

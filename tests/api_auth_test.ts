@@ -8,7 +8,8 @@
  *   deno task test tests/api_auth_test.ts
  */
 import assert from "node:assert/strict";
-import { Authenticator, hashToken, isTokenShaped, newToken } from "../api/auth.ts";
+import { Authenticator } from "../api/auth.ts";
+import { hashToken, isTokenShaped, newToken } from "../contracts/tokens.ts";
 import { insertTenant, insertToken, selectToken } from "../db/auth.ts";
 import { PoimenError } from "../core/errors.ts";
 import { createLogger } from "../core/log.ts";

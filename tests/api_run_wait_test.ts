@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
-import { MAX_WAIT_SECONDS, preferredWait } from "../api/run_wait.ts";
+import { preferredWait } from "../api/run_wait.ts";
+import { MAX_WAIT_SECONDS } from "../contracts/wire.ts";
 import { lastEventId } from "../api/run_stream.ts";
 import { wantsEventStream } from "../api/runs.ts";
 import { RunWatch, tenantShare } from "../api/run_watch.ts";

@@ -86,13 +86,14 @@ async function admitRuns(
 
 /**
  * Appends events seq `from`..`to` to each run, as the worker would (without
- * the worker); a run's events get adjacent event ids, so batches cut runs.
+ * the worker: `run.started` events of the contract, one per seq); a run's
+ * events get adjacent event ids, so batches cut runs.
  */
 async function appendEvents(sql: Sql, tenant: string, runIds: string[], from: number, to: number) {
   await sql`
     insert into work_events (tenant_id, run_id, seq, type, goal_id, dispatch_key, payload)
-    select r.tenant_id, r.run_id, s.seq, 'run.step', r.goal_id, r.dispatch_key,
-           jsonb_build_object('step', s.seq)
+    select r.tenant_id, r.run_id, s.seq, 'run.started', r.goal_id, r.dispatch_key,
+           jsonb_build_object('attempt', s.seq, 'worker', 'test')
       from runs r
      cross join generate_series(${from}::int, ${to}::int) as s(seq)
      where r.tenant_id = ${tenant} and r.run_id = any(${runIds}::uuid[])

@@ -6,12 +6,12 @@
  * against a secured broker.
  */
 import assert from "node:assert/strict";
-import { kafkaConnection, readEnv } from "../core/config.ts";
+import { readEnv } from "../core/config.ts";
 import { ConfigError } from "../core/errors.ts";
 import { createLogger } from "../core/log.ts";
 import { KafkaCliEnv } from "../cli/kafka_config.ts";
 import { baseOptions, kafkaFailure } from "../kafka/client.ts";
-import { securityFromEnv } from "../kafka/security.ts";
+import { kafkaConnection, securityFromEnv } from "../kafka/security.ts";
 
 const PEM_CERT = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
 const PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n";

@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { loadMigrations, migrate } from "../db/migrate.ts";
-import { hashToken, newToken, storedTenantScope } from "../api/auth.ts";
+import { hashToken, newToken, storedTenantScope } from "../contracts/tokens.ts";
 import { insertToken } from "../db/auth.ts";
 import { silentLogger } from "../core/log.ts";
 import { freshDatabase } from "./support/db.ts";

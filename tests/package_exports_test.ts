@@ -37,6 +37,7 @@ Deno.test("package: the exports users import are all there and documented (deno 
   assert.deepEqual(Object.keys(config.exports).sort(), [
     "./client",
     "./dispatch",
+    "./events",
     "./migrate",
     "./worker",
     "./workflow",

@@ -25,7 +25,7 @@ export type PoisonKind =
   /** No dispatch_key: admitted exactly once under the key the relay derives, never dead-lettered. */
   | "keyless";
 
-export const POISON_KINDS: readonly PoisonKind[] = [
+const POISON_KINDS: readonly PoisonKind[] = [
   "bad-json",
   "unknown-workflow",
   "nul-input",
@@ -79,7 +79,7 @@ export interface Plan {
  * Share of messages on the clean tenant, of redeliveries, of poison, of raced
  * keys, and of fresh keys that are runs of the limited workflow (KEYED).
  */
-export const SHARES = {
+const SHARES = {
   clean: 0.2,
   redeliveries: 0.2,
   poison: 0.01,
