@@ -105,10 +105,7 @@ export type {
   RunStartedPayload,
   RunSucceededPayload,
 } from "../contracts/wire.ts";
-export type { FollowRunOptions, ReconnectInfo } from "./follow_run.ts";
-export type { RequestOptions, RetryInfo, RetryOptions } from "./retry.ts";
-export type { WaitForRunOptions } from "./wait_for_run.ts";
-export type { AdmitOptions, AdmitResult, ListRunsFilter, PoimenClientOptions } from "./options.ts";
+export type * from "./options.ts";
 export {
   PoimenRunError,
   type ResultOptions,

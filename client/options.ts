@@ -7,6 +7,11 @@
 import type { Run, RunStatus } from "../contracts/wire.ts";
 import type { RequestOptions, RetryOptions } from "./retry.ts";
 
+// The options of every call, re-exported by client/http.ts in one line.
+export type { FollowRunOptions, ReconnectInfo } from "./follow_run.ts";
+export type { RequestOptions, RetryInfo, RetryOptions } from "./retry.ts";
+export type { WaitForRunOptions } from "./wait_for_run.ts";
+
 /** Options of `admitRun`. */
 export interface AdmitOptions extends RequestOptions {
   /**
