@@ -56,7 +56,6 @@ export function toRun(
     slot_running?: number | null;
   },
 ): Run {
-  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
   return {
     run_id: row.run_id,
     tenant_id: row.tenant_id,
@@ -84,6 +83,17 @@ export function toRun(
       ? { waiting_for: waitingFor(row, row.waiting_reason) }
       : {}),
   };
+}
+
+/**
+ * A timestamp as RFC 3339; `infinity` for Postgres' infinity (the
+ * `run_after` of a run waiting for a signal without a timeout), which
+ * postgres.js reads as an invalid Date.
+ */
+function iso(d: Date | null): string | null {
+  if (d === null) return null;
+  const t = new Date(d);
+  return Number.isNaN(t.getTime()) ? "infinity" : t.toISOString();
 }
 
 /** Most events one run's timeline returns. */

@@ -121,11 +121,12 @@ export const RunStatus: z.ZodEnum<
   {
     queued: "queued";
     running: "running";
+    waiting: "waiting";
     succeeded: "succeeded";
     failed: "failed";
     cancelled: "cancelled";
   }
-> = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
+> = z.enum(["queued", "running", "waiting", "succeeded", "failed", "cancelled"]);
 export type RunStatus = z.infer<typeof RunStatus>;
 
 /** Why a queued run has not started: `waiting_for` of GET /v1/runs/{run_id}. */

@@ -37,7 +37,7 @@ export interface RunRequest {
 }
 
 /** Where a run is in its lifecycle. */
-export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+export type RunStatus = "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled";
 
 /**
  * What a queued run waits for (`waiting_for` of `GET /v1/runs/{run_id}`),

@@ -84,7 +84,8 @@ export async function demo(): Promise<void> {
   const key: string | undefined = ({} as AdmitHeaders)["Idempotency-Key"];
   const id: string = run.run_id;
   const version: number = again.workflow_version;
-  const status: "queued" | "running" | "succeeded" | "failed" | "cancelled" = run.status;
+  const status: "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled" =
+    run.status;
 
   const page = await list({ limit: 50, status: "succeeded", goal_id: "g1" });
   const next: string | null = page.next_cursor;
@@ -159,6 +160,7 @@ Deno.test("openapi generated types: query parameters are typed as what a client 
   assert.deepEqual(listParam(doc, "status").schema.enum, [
     "queued",
     "running",
+    "waiting",
     "succeeded",
     "failed",
     "cancelled",
