@@ -14,7 +14,7 @@
  * suspend, or the suspend committed first, and the signal's transaction sees
  * a run waiting for it and wakes it (tests/db_durable_test.ts races them).
  */
-import { inTransaction, type JSONValue, type Sql } from "./pool.ts";
+import { inTransaction, type Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
 import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves } from "./queue_sql.ts";
 import type { StepFence } from "./run_steps.ts";
@@ -116,7 +116,8 @@ async function storeSignal(
   signal: { name: string; signal_id: string; payload: unknown },
   run: { open: boolean; wake: boolean; status: RunStatus },
 ): Promise<SignalOutcome> {
-  const payload = sql.json((signal.payload ?? null) as JSONValue);
+  // As text: a jsonb parameter of JSON null would be SQL NULL.
+  const payload = JSON.stringify(signal.payload ?? null);
   const [row] = await sql<
     {
       created: boolean;
@@ -128,7 +129,7 @@ async function storeSignal(
   >`
     with ins as (
       insert into run_signals (tenant_id, run_id, name, signal_id, payload)
-      select ${tenantId}, ${runId}, ${signal.name}, ${signal.signal_id}, ${payload}::jsonb
+      select ${tenantId}, ${runId}, ${signal.name}, ${signal.signal_id}, ${payload}::text::jsonb
        where ${run.open}::boolean
       on conflict (tenant_id, run_id, name, signal_id) do nothing
       returning received_at
@@ -314,4 +315,23 @@ export async function settleSignalWait(
   }
   if (row.outcome === "timeout") return { outcome: "timeout" };
   return { outcome: "waiting", until: row.until, now: row.now };
+}
+
+/**
+ * Whether the run holds an unconsumed signal `name`: what a short wait in
+ * the worker looks for between its settles (one probe of
+ * run_signals_unconsumed_idx, nothing written).
+ */
+export async function signalPending(
+  sql: Sql,
+  tenantId: string,
+  runId: string,
+  name: string,
+): Promise<boolean> {
+  const [row] = await sql<{ pending: boolean }[]>`
+    select exists (
+      select 1 from run_signals s
+       where s.tenant_id collate "C" = ${tenantId} and s.run_id = ${runId} and s.name = ${name}
+         and s.consumed_as is null) as pending`;
+  return row.pending;
 }

@@ -47,9 +47,13 @@ export { createWorker, type CreateWorkerOptions, type PoimenWorker } from "./cre
 import { workerPools } from "./create_worker.ts";
 export type {
   ConcurrencyLimit,
+  DurableContext,
   Fields,
   InputSchema,
   Logger,
+  Signal,
+  StepOptions,
+  WaitForSignalOptions,
   Workflow,
   WorkflowContext,
   WorkflowOptions,
@@ -123,6 +127,9 @@ async function serve(options: RunWorkerOptions): Promise<number> {
     retryBaseMs: cfg.WORKER_RETRY_BASE_MS,
     shutdownMs: cfg.WORKER_SHUTDOWN_MS,
     resultMaxBytes: cfg.RUN_RESULT_MAX_BYTES,
+    stepMaxBytes: cfg.RUN_STEP_MAX_BYTES,
+    suspendAfterMs: cfg.WORKER_SUSPEND_AFTER_MS,
+    wakeMs: cfg.WORKER_WAKE_MS,
     log,
     hooks: {
       ...metrics.hooks,

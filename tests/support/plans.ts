@@ -48,7 +48,7 @@ import {
   selectStepSummaries,
   settleSleep,
 } from "../../db/run_steps.ts";
-import { sendSignal, settleSignalWait } from "../../db/signals.ts";
+import { sendSignal, settleSignalWait, signalPending } from "../../db/signals.ts";
 import { suspendRun, wakeDueRuns } from "../../db/suspension.ts";
 
 export const TENANTS = 20;
@@ -275,7 +275,9 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: queueCounts",
       call: (sql) => queueCounts(sql),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
+      indexes: {
+        runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx", "runs_waiting_tenant_idx"],
+      },
     },
     {
       name: "queue: selectUnhostedQueues",
@@ -432,6 +434,11 @@ export function hotStatements(s: Sample): HotStatement[] {
         sendSignal(sql, s.tenant, s.runningRun, { name: "go", signal_id: "x", payload: 1 }),
       fromRuns: 100,
       indexes: { runs: ["runs_pkey"], run_signals: ["run_signals_pkey"] },
+    },
+    {
+      name: "durable: signalPending",
+      call: (sql) => signalPending(sql, s.tenant, s.runningRun, "go"),
+      indexes: { run_signals: ["run_signals_unconsumed_idx"] },
     },
     {
       name: "durable: wakeDueRuns",
