@@ -83,6 +83,8 @@ export {
   type SendInit,
 } from "./problems.ts";
 export { PoimenNetworkError, PoimenProblem };
+export { type SignalResult, signalRun } from "./signal.ts";
+export type { RunStep, SignalReceipt, SignalRequest } from "../contracts/wire.ts";
 
 /** Options of `admitRun`. */
 export interface AdmitOptions extends RequestOptions {

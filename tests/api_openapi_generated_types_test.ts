@@ -96,7 +96,14 @@ export async function demo(): Promise<void> {
   const results: unknown[] = withValues.runs.map((r) => r.result);
 
   const one = await read(ids[0] ?? id);
-  const waits: "worker" | "schedule" | "concurrency" | "slot" | undefined = one.waiting_for?.reason;
+  const waits:
+    | "worker"
+    | "schedule"
+    | "concurrency"
+    | "slot"
+    | "sleep"
+    | "signal"
+    | undefined = one.waiting_for?.reason;
   const attempts: number = one.attempts;
   void [replayed, key, version, status, more, waits, attempts, results];
 

@@ -542,6 +542,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     "client/http.ts",
     "client/problems.ts",
     "client/retry.ts",
+    "client/signal.ts",
     "client/wait_for_run.ts",
     "contracts/wire.ts",
     "core/errors.ts",
