@@ -19,7 +19,9 @@ export const EventMessage = z.strictObject({
   run_id: z.uuid(),
   seq: z.number().int().min(1).describe("1, 2, 3… within the run"),
   type: z.string().min(1).describe(
-    "run.admitted, run.started, run.retrying, run.succeeded, run.failed, run.released, …",
+    "run.admitted, run.started, run.retrying, run.succeeded, run.failed, run.released, " +
+      "run.cancelled; a durable run's run.waiting, run.woken, step.completed, step.failed, " +
+      "signal.received",
   ),
   goal_id: z.string().nullable(),
   dispatch_key: z.string().nullable(),

@@ -59,9 +59,7 @@ say("placed", run);
 // Charged, and suspended until someone approves.
 const waiting = await poll("the approval wait", async () => {
   const r = await poimen.getRun(run.run_id);
-  return r.status === "waiting" && r.waiting_for?.reason === "signal"
-    ? r
-    : undefined;
+  return r.status === "waiting" && r.waiting_for?.reason === "signal" ? r : undefined;
 });
 say("awaiting approval", waiting);
 
