@@ -88,6 +88,13 @@ export function createApiMetrics(
       labelNames: ["status"] as const,
       registers,
     }),
+    signals: new client.Counter({
+      name: "poimen_run_signals_total",
+      help:
+        "Signals sent to runs (POST /v1/runs/{id}/signals), by outcome: created, replayed (its signal_id was seen), woke (created, and it woke its waiting run), refused (the run is final)",
+      labelNames: ["outcome"] as const,
+      registers,
+    }),
     quotaRefusals: new client.Counter({
       name: "poimen_admission_quota_refusals_total",
       help: "Admissions refused by a tenant quota (429), by tenant and reason: queue-full, " +

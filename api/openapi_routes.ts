@@ -17,14 +17,15 @@ import {
 } from "../contracts/runs.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { MAX_WAIT_SECONDS } from "../contracts/wire.ts";
+import { SignalReceipt, SignalRequest } from "../contracts/signals.ts";
 
 /** Request or response headers, by name. */
 export type Headers = Record<string, { description: string; schema: z.ZodType; example?: string }>;
 
 /** Request bodies: documented as clients write them (zod's input side). */
-export const REQUEST_SCHEMAS = { RunRequest };
+export const REQUEST_SCHEMAS = { RunRequest, SignalRequest };
 /** Response bodies: documented as the API writes them (zod's output side). */
-export const RESPONSE_SCHEMAS = { Run, RunPage, RunEvents, Problem };
+export const RESPONSE_SCHEMAS = { Run, RunPage, RunEvents, Problem, SignalReceipt };
 /** A component schema, by name. */
 export type SchemaName = keyof typeof REQUEST_SCHEMAS | keyof typeof RESPONSE_SCHEMAS;
 
@@ -204,7 +205,8 @@ export const ROUTES: Route[] = [
   {
     method: "get",
     path: "/v1/runs/:run_id",
-    summary: "One run of the tenant, with its input and, while queued, what it waits for",
+    summary: "One run of the tenant, with its input, its durable steps and, while queued or " +
+      "waiting, what it waits for",
     auth: true,
     params: RUN_ID,
     headers: { ...TENANT_HEADER, ...PREFER_HEADER },
@@ -234,6 +236,32 @@ export const ROUTES: Route[] = [
       200: { description: "The run, cancelled or with its cancel requested", schema: "Run" },
     },
     problems: [401, 403, 404, 409, 503],
+  },
+  {
+    method: "post",
+    path: "/v1/runs/:run_id/signals",
+    summary: "Send a signal to a run (idempotent by signal_id)",
+    description: "The signal is kept in the run's mailbox until a wait of the run's handler " +
+      "(`ctx.waitForSignal(name)`) consumes it, however long before the wait it arrived; a run " +
+      "waiting for it is woken (`queued`) in the same transaction. The same (run, name, " +
+      "signal_id) is one signal: sending it again is a replay (200, `Idempotent-Replayed`), " +
+      "also once the run is final. A new signal to a final run (`succeeded`, `failed`, " +
+      "`cancelled`) is a 409 `run-finished` naming its status in `run_status`.",
+    auth: true,
+    params: RUN_ID,
+    headers: TENANT_HEADER,
+    body: { schema: "SignalRequest" },
+    answers: {
+      201: { description: "Stored: a new signal", schema: "SignalReceipt" },
+      200: {
+        description: "This signal_id was seen before: the signal as stored then",
+        schema: "SignalReceipt",
+        headers: {
+          [HEADERS.replayed]: { description: "Always `true`", schema: z.literal("true") },
+        },
+      },
+    },
+    problems: [400, 401, 403, 404, 408, 409, 413, 415, 422, 503],
   },
   {
     method: "get",

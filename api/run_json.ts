@@ -4,19 +4,38 @@
  * the shapes of contracts/runs.ts.
  */
 import type { RunEventRow, RunListRow, RunRow, WaitingReason } from "../db/runs.ts";
-import type { Run, RunEvent, WaitingFor } from "../contracts/runs.ts";
+import type { StepSummary } from "../db/run_steps.ts";
+import type { Run, RunEvent, RunStep, WaitingFor } from "../contracts/runs.ts";
 
-/** What a queued run waits for, for people and programs; null for any other run. */
+/** What a queued or waiting run waits for, for people and programs; null for any other run. */
 export function waitingFor(
   row: Pick<RunRow, "workflow_name" | "workflow_version" | "run_after" | "concurrency_key"> & {
     slot_limit?: number | null;
     slot_running?: number | null;
+    wait_name?: string | null;
   },
   reason: WaitingReason | null,
 ): WaitingFor | null {
   switch (reason) {
     case null:
       return null;
+    case "sleep": {
+      const until = iso(row.run_after)!;
+      const name = row.wait_name ?? "";
+      return { reason, name, until, detail: `sleeping (${name}) until ${until}` };
+    }
+    case "signal": {
+      const until = iso(row.run_after)!;
+      const name = row.wait_name ?? "";
+      return until === "infinity"
+        ? { reason, name, detail: `waiting for signal ${JSON.stringify(name)}` }
+        : {
+          reason,
+          name,
+          until,
+          detail: `waiting for signal ${JSON.stringify(name)}, at most until ${until}`,
+        };
+    }
     case "worker": {
       const workflow = `${row.workflow_name}@${row.workflow_version}`;
       return { reason, workflow, detail: `no running worker hosts ${workflow}` };
@@ -47,16 +66,17 @@ export function waitingFor(
 /**
  * A run row as JSON: `input` and `result` when the row has them (a list's
  * only when asked for), `waiting_for` when the row says what it waits for
- * (selectRun's `waiting`).
+ * (selectRun's `waiting`), `steps` when given (one run's GET).
  */
 export function toRun(
   row: RunListRow & {
     waiting_reason?: WaitingReason | null;
     slot_limit?: number | null;
     slot_running?: number | null;
+    wait_name?: string | null;
   },
+  steps?: StepSummary[],
 ): Run {
-  const iso = (d: Date | null) => (d === null ? null : new Date(d).toISOString());
   return {
     run_id: row.run_id,
     tenant_id: row.tenant_id,
@@ -83,7 +103,36 @@ export function toRun(
     ...("waiting_reason" in row && row.waiting_reason !== undefined
       ? { waiting_for: waitingFor(row, row.waiting_reason) }
       : {}),
+    ...(steps ? { steps: steps.map(toRunStep) } : {}),
   };
+}
+
+/** A durable call as `GET /v1/runs/{id}` shows it. */
+export function toRunStep(s: StepSummary): RunStep {
+  return {
+    name: s.name,
+    seq: s.seq,
+    kind: s.kind,
+    status: s.status,
+    size: s.size,
+    until: iso(s.until),
+    signal_name: s.signal_name,
+    attempt: s.attempt,
+    error: s.error_message,
+    started_at: iso(s.started_at)!,
+    completed_at: iso(s.completed_at),
+  };
+}
+
+/**
+ * A timestamp as RFC 3339; `infinity` for Postgres' infinity (the
+ * `run_after` of a run waiting for a signal without a timeout), which
+ * postgres.js reads as an invalid Date.
+ */
+function iso(d: Date | null): string | null {
+  if (d === null) return null;
+  const t = new Date(d);
+  return Number.isNaN(t.getTime()) ? "infinity" : t.toISOString();
 }
 
 /** Most events one run's timeline returns. */

@@ -28,6 +28,8 @@ import { preferredWait, readRunWaiting } from "./run_wait.ts";
 import { lastEventId, runEventStream } from "./run_stream.ts";
 import { MAX_RUN_EVENTS, toRun, toRunEvent } from "./run_json.ts";
 import { listRunsPage } from "./run_list.ts";
+import { answerSignal } from "./run_signals.ts";
+import { selectStepSummaries } from "../db/run_steps.ts";
 
 export interface RunsDeps {
   sql: Sql;
@@ -217,8 +219,18 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
       : { row: await selectRun(sql, tenantId, runId, { waiting: true }), applied: false };
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     if (applied) c.header("Preference-Applied", `wait=${wait}`);
-    return c.json(toRun(row));
+    // Its durable calls, without their results: a short range, bounded.
+    return c.json(toRun(row, await selectStepSummaries(sql, tenantId, runId)));
   });
+
+  // A signal for the run: stored once per (name, signal_id), handed to its
+  // first wait of that name, waking the run when it waits for it.
+  app.post(
+    "/:run_id/signals",
+    requireJson,
+    limitBody(deps.bodyLimit, deps.bodyBudget),
+    (c) => answerSignal({ ...deps, readTimeoutMs: deps.bodyBudget?.readTimeoutMs }, c),
+  );
 
   app.get("/:run_id/events", async (c) => {
     const runId = c.req.param("run_id");

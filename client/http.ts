@@ -129,6 +129,8 @@ export {
   type SendInit,
 } from "./problems.ts";
 export { PoimenNetworkError, PoimenProblem };
+export { type SignalResult, signalRun } from "./signal.ts";
+export type { RunStep, SignalReceipt, SignalRequest } from "../contracts/wire.ts";
 
 const DEFAULT_TIMEOUT = 30 * SECOND;
 

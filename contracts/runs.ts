@@ -123,28 +123,41 @@ export const RunStatus: z.ZodEnum<
   {
     queued: "queued";
     running: "running";
+    waiting: "waiting";
     succeeded: "succeeded";
     failed: "failed";
     cancelled: "cancelled";
   }
-> = z.enum(["queued", "running", "succeeded", "failed", "cancelled"]);
+> = z.enum(["queued", "running", "waiting", "succeeded", "failed", "cancelled"]);
 export type RunStatus = z.infer<typeof RunStatus>;
 
-/** Why a queued run has not started: `waiting_for` of GET /v1/runs/{run_id}. */
+/** Why a queued run has not started, or what a waiting one waits for: `waiting_for`. */
 export const WaitingReason: z.ZodEnum<
-  { worker: "worker"; schedule: "schedule"; concurrency: "concurrency"; slot: "slot" }
-> = z.enum(["worker", "schedule", "concurrency", "slot"]);
+  {
+    worker: "worker";
+    schedule: "schedule";
+    concurrency: "concurrency";
+    slot: "slot";
+    sleep: "sleep";
+    signal: "signal";
+  }
+> = z.enum(["worker", "schedule", "concurrency", "slot", "sleep", "signal"]);
 export type WaitingReason = z.infer<typeof WaitingReason>;
 
 /** What a queued run waits for, in the order it is checked. */
 export const WaitingFor = z.object({
   reason: WaitingReason.describe(
-    "`worker`: no running worker hosts the run's workflow version; `schedule`: its run_after " +
-      "has not come; `concurrency`: its workflow's concurrency limit for its key is reached; " +
-      "`slot`: it is due and a worker hosts it, and waits for a free slot",
+    "A queued run: `worker`: no running worker hosts the run's workflow version; `schedule`: " +
+      "its run_after has not come; `concurrency`: its workflow's concurrency limit for its key " +
+      "is reached; `slot`: it is due and a worker hosts it, and waits for a free slot. A " +
+      "waiting run: `sleep`: a sleep's end; `signal`: a signal",
   ),
   workflow: z.string().optional().describe("On `worker`: the version it waits for, `name@version`"),
-  until: z.string().optional().describe("On `schedule`: when it is due (its run_after)"),
+  until: z.string().optional().describe(
+    "On `schedule`: when it is due (its run_after); on `sleep`: when it ends; on `signal`: " +
+      "when the wait times out (absent: never)",
+  ),
+  name: z.string().optional().describe("On `sleep`: the sleep's name; on `signal`: the signal's"),
   key: z.string().optional().describe(
     "On `concurrency`: the run's concurrency key ('' when the limit is per tenant)",
   ),
@@ -155,6 +168,24 @@ export const WaitingFor = z.object({
   detail: z.string().describe("The same for people"),
 });
 export type WaitingFor = z.infer<typeof WaitingFor>;
+
+/** One durable call of a run, as `GET /v1/runs/{run_id}` shows it. */
+export const RunStep = z.object({
+  name: z.string().describe("`name`, `name#2`… in call order"),
+  seq: z.number().int().describe("Its place in the run's call order, from 1"),
+  kind: z.enum(["step", "sleep", "signal"]),
+  status: z.enum(["waiting", "completed", "failed"]).describe(
+    "`waiting`: a sleep or wait under way; `failed`: its last try threw",
+  ),
+  size: z.number().int().nullable().describe("Its result's size as JSON, in bytes"),
+  until: z.string().nullable().describe("A sleep's end, a wait's timeout"),
+  signal_name: z.string().nullable().describe("A wait's signal name"),
+  attempt: z.number().int().describe("The attempt that wrote it last"),
+  error: z.string().nullable().describe("A failed step's error message (at most 1,000 characters)"),
+  started_at: z.string(),
+  completed_at: z.string().nullable(),
+});
+export type RunStep = z.infer<typeof RunStep>;
 
 /**
  * The largest page of `GET /v1/runs`, as bytes of JSON: a page ends before
@@ -205,8 +236,11 @@ export const Run = z.object({
       "limit per tenant); null: not limited",
   ),
   waiting_for: WaitingFor.nullable().optional().describe(
-    "Only on GET /v1/runs/{run_id}: null unless the run is queued; for a queued run, what it " +
-      "waits for",
+    "Only on GET /v1/runs/{run_id}: null unless the run is queued or waiting; what it waits for",
+  ),
+  steps: z.array(RunStep).optional().describe(
+    "Only on GET /v1/runs/{run_id}: its durable calls (ctx.step, ctx.sleep, " +
+      "ctx.waitForSignal) in call order, the first 1,000, without their results",
   ),
 });
 export type Run = z.infer<typeof Run>;
@@ -344,6 +378,7 @@ export { HEADERS } from "./wire.ts";
 type Same<A, B> = (<T>() => T extends A ? 1 : 2) extends (<T>() => T extends B ? 1 : 2) ? true
   : false;
 const sameShapes: [
+  Same<RunStep, Wire.RunStep>,
   Same<RunRequest, Wire.RunRequest>,
   Same<RunStatus, Wire.RunStatus>,
   Same<WaitingFor, Wire.WaitingFor>,
@@ -351,5 +386,5 @@ const sameShapes: [
   Same<RunPage, Wire.RunPage>,
   Same<RunEvent, Wire.RunEvent>,
   Same<Problem, Wire.Problem>,
-] = [true, true, true, true, true, true, true];
+] = [true, true, true, true, true, true, true, true];
 void sameShapes;

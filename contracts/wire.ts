@@ -51,22 +51,31 @@ export interface RunRequest {
 }
 
 /** Where a run is in its lifecycle. */
-export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+export type RunStatus = "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled";
 
 /**
  * What a queued run waits for (`waiting_for` of `GET /v1/runs/{run_id}`),
  * checked in this order: `worker`, no running worker hosts its workflow
  * version; `schedule`, its run_after has not come; `concurrency`, its
  * workflow's concurrency limit for its key is reached; `slot`, it is due
- * and hosted, and waits for a free worker slot.
+ * and hosted, and waits for a free worker slot. What a waiting run
+ * (suspended) waits for: `sleep`, the end of a sleep; `signal`, a signal.
  */
 export interface WaitingFor {
-  /** `worker`, `schedule`, `concurrency` or `slot`. */
-  reason: "worker" | "schedule" | "concurrency" | "slot";
+  /**
+   * A queued run: `worker`, `schedule`, `concurrency` or `slot`; a waiting
+   * run: `sleep` (a long `ctx.sleep`) or `signal` (`ctx.waitForSignal`).
+   */
+  reason: "worker" | "schedule" | "concurrency" | "slot" | "sleep" | "signal";
   /** On `worker`: the version it waits for, `name@version`. */
   workflow?: string;
-  /** On `schedule`: when it is due (its run_after). */
+  /**
+   * On `schedule`: when it is due (its run_after); on `sleep`: when it ends;
+   * on `signal`: when the wait times out (absent: never).
+   */
   until?: string;
+  /** On `sleep`: the sleep's name; on `signal`: the signal's name. */
+  name?: string;
   /** On `concurrency`: the run's concurrency key ('' when the limit is per tenant). */
   key?: string;
   /** On `concurrency`: the limit. */
@@ -129,8 +138,68 @@ export interface Run {
    * limit ('' for a limit per tenant); null: not limited.
    */
   concurrency_key: string | null;
-  /** Only on `GET /v1/runs/{run_id}`: null unless queued; for a queued run, what it waits for. */
+  /**
+   * Only on `GET /v1/runs/{run_id}`: null unless queued or waiting; what the
+   * run waits for.
+   */
   waiting_for?: WaitingFor | null;
+  /** Only on `GET /v1/runs/{run_id}`: its durable calls in call order (the first 1,000). */
+  steps?: RunStep[];
+}
+
+/** One durable call of a run (`ctx.step`, `ctx.sleep`, `ctx.waitForSignal`), without its result. */
+export interface RunStep {
+  /** Its name: `name`, `name#2`… in call order. */
+  name: string;
+  /** Its place in the run's call order, from 1. */
+  seq: number;
+  /** `step`, `sleep` or `signal`. */
+  kind: "step" | "sleep" | "signal";
+  /** `waiting` (a sleep or wait under way), `completed`, or `failed` (its last try threw). */
+  status: "waiting" | "completed" | "failed";
+  /** Its result's size as JSON, in bytes (the result itself is not shown). */
+  size: number | null;
+  /** A sleep's end, a wait's timeout. */
+  until: string | null;
+  /** A wait's signal name. */
+  signal_name: string | null;
+  /** The attempt that wrote it last. */
+  attempt: number;
+  /** A failed step's error message (at most 1,000 characters). */
+  error: string | null;
+  /** When it was first recorded. */
+  started_at: string;
+  /** When it completed. */
+  completed_at: string | null;
+}
+
+/** A signal for a run: `POST /v1/runs/{run_id}/signals`. */
+export interface SignalRequest {
+  /** The signal's name, what `ctx.waitForSignal(name)` waits for: 1-200 characters, no `#`. */
+  name: string;
+  /** Any JSON (null when absent). */
+  payload?: unknown;
+  /**
+   * Its identity: the same (run, name, signal_id) is one signal, sent again
+   * a replay. 1-255 printable characters; absent: a new signal each call.
+   */
+  signal_id?: string | null;
+}
+
+/** A signal as the run's mailbox holds it. */
+export interface SignalReceipt {
+  /** The run it was sent to. */
+  run_id: string;
+  /** Its name. */
+  name: string;
+  /** Its id: the sender's, or the one the API made. */
+  signal_id: string;
+  /** When the API stored it (RFC 3339). */
+  received_at: string;
+  /** The wait (its step name) that consumed it; null while it waits for one. */
+  consumed_by: string | null;
+  /** The run's status after this call (`queued` when the signal woke it). */
+  run_status: RunStatus;
 }
 
 /** One page of `GET /v1/runs`. */

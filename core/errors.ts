@@ -17,8 +17,8 @@ export interface ErrorKind {
  * relay's retry decisions (it reads `retryable` from those bodies) and the
  * worker's run errors (`runs.error.code`) all use these codes. Codes that
  * never reach HTTP (`config`, `workflow-conflict`, `invalid-input`,
- * `invalid-output`, `bad-result`, `result-too-large`, `lease-expired`, `kafka-unavailable`,
- * `kafka-refused`) still get a status,
+ * `invalid-output`, `bad-result`, `result-too-large`, `non-determinism`, `step-too-large`,
+ * `lease-expired`, `kafka-unavailable`, `kafka-refused`) still get a status,
  * so that one type covers all.
  */
 export const ERRORS = {
@@ -122,6 +122,26 @@ export const ERRORS = {
   "result-too-large": {
     status: 500,
     title: "Workflow result is larger than RUN_RESULT_MAX_BYTES",
+    retryable: false,
+  },
+  /**
+   * A replay of a durable run met a call that differs from the one stored in
+   * its place (another kind, another name, another order): the handler's
+   * code changed under a deployed version, or is not deterministic (a run
+   * error, never HTTP). Final: a retry replays the same way.
+   */
+  "non-determinism": {
+    status: 500,
+    title: "The handler's durable calls differ from those stored",
+    retryable: false,
+  },
+  /**
+   * A durable step's result is over RUN_STEP_MAX_BYTES (a run error, never
+   * HTTP). Final: the same step gives the same result again.
+   */
+  "step-too-large": {
+    status: 500,
+    title: "A step's result is larger than RUN_STEP_MAX_BYTES",
     retryable: false,
   },
   /**

@@ -31,9 +31,11 @@ const CANCELLED_QUEUED = cancelledPayload({
 
 /**
  * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
- * (waiting for its first attempt, or for a retry) becomes `cancelled` at
- * once with a `run.cancelled` event (`requested_at`; `error`, `reason` and
- * `worker` null: no attempt ended); a running run
+ * (waiting for its first attempt, or for a retry) or a waiting one (a
+ * suspended sleep or signal wait, which holds no lease and no slot) becomes
+ * `cancelled` at once with a `run.cancelled` event (`requested_at`; `error`,
+ * `reason` and `worker` null: no attempt ended; a waiting run keeps its
+ * wait_reason and wait_name: what it waited for); a running run
  * gets `cancel_requested_at` (its worker ends it, see `heartbeat` and
  * `failAttempt`). Returns the run as it now is, with its input; undefined
  * when nothing was written: no such run for this tenant, a finished run, or
@@ -48,16 +50,20 @@ export async function requestCancel(
   const [row] = await sql<(RunRow & { input: unknown })[]>`
     with upd as (
       update runs
-         set status = case when status = 'queued' then 'cancelled' else status end,
+         set status = case when status in ('queued', 'waiting') then 'cancelled' else status end,
              cancel_requested_at = coalesce(cancel_requested_at, now()),
-             finished_at = case when status = 'queued' then now() else finished_at end,
+             finished_at = case when status in ('queued', 'waiting') then now()
+                                else finished_at end,
              updated_at = now(),
-             event_seq = case when status = 'queued' then event_seq + 1 else event_seq end
+             event_seq = case when status in ('queued', 'waiting') then event_seq + 1
+                              else event_seq end
        where tenant_id = ${tenantId} and run_id = ${runId}
-         and (status = 'queued' or (status = 'running' and cancel_requested_at is null))
+         and (status in ('queued', 'waiting')
+              or (status = 'running' and cancel_requested_at is null))
       returning ${sql.unsafe(RUN_COLUMNS)}, input, event_seq,
-                -- Its status before: a queued run leaves its group's queue.
-                (status = 'cancelled') as was_queued
+                -- Its status before: a queued run leaves its group's queue; a
+                -- waiting one (it keeps its wait_reason) was in no count.
+                (status = 'cancelled' and wait_reason is null) as was_queued
     ),
     ${sql.unsafe(CANCELLED_SLOTS)},
     ev as (

@@ -17,6 +17,19 @@ export interface PoolOptions {
   applicationName: string;
 }
 
+/**
+ * Runs `fn` in a transaction of `sql`: a new one on a pool, a savepoint when
+ * `sql` is already a transaction (a caller's, or a test's that is rolled
+ * back). A statement's locks last until the outermost transaction ends.
+ */
+export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): Promise<T> {
+  const open = sql as unknown as Partial<TransactionSql>;
+  if (typeof open.savepoint === "function") {
+    return await open.savepoint((tx) => fn(tx as unknown as Sql)) as T;
+  }
+  return await sql.begin((tx) => fn(tx as unknown as Sql)) as T;
+}
+
 /** Opens a lazily connecting pool. */
 export function createPool(opts: PoolOptions): Sql {
   return postgres(opts.url, {

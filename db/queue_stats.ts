@@ -19,10 +19,15 @@ export const QUEUE_GAUGE_CAP = 100_000;
 
 /** The queue at a glance, for metrics. */
 export interface QueueStats {
-  /** Runs waiting and runs being executed (all tenants), each at most the cap. */
-  byStatus: { queued: number; running: number };
+  /**
+   * Runs queued, being executed and waiting (suspended: a long sleep or a
+   * signal wait), all tenants, each at most the cap.
+   */
+  byStatus: { queued: number; running: number; waiting: number };
   /** Whether a count reached the cap: there are at least that many, maybe more. */
-  capped: { queued: boolean; running: boolean };
+  capped: { queued: boolean; running: boolean; waiting: boolean };
+  /** The waiting runs by what they wait for (each at most the cap). */
+  waitingByReason: { sleep: number; signal: number };
   /** Seconds since the oldest due queued run became due; 0 when none is due. */
   oldestQueuedAgeSeconds: number;
   /**
@@ -49,7 +54,9 @@ export interface QueueStats {
 export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
   Omit<QueueStats, "waitingForWorker" | "limited">
 > {
-  const [r] = await sql<{ queued: number; running: number; oldest: number | null }[]>`
+  const [r] = await sql<
+    { queued: number; running: number; sleep: number; signal: number; oldest: number | null }[]
+  >`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
     -- Counted per tenant of the loose scan, up to the cap in all (the scan
     -- stops there): each count is a range of the queued index, naming its
@@ -67,10 +74,22 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
               select 1 from runs
                where status = 'running' and lease_expires_at is not null
                limit ${cap}) c)::int as running,
+           -- Waiting runs by reason: runs_waiting_tenant_idx holds the
+           -- reason (migration 022), so neither count visits the heap.
+           (select count(*) from (
+              select 1 from runs
+               where status = 'waiting' and wait_reason = 'sleep'
+               limit ${cap}) c)::int as sleep,
+           (select count(*) from (
+              select 1 from runs
+               where status = 'waiting' and wait_reason = 'signal'
+               limit ${cap}) c)::int as signal,
            (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
+  const waiting = Math.min(cap, r.sleep + r.signal);
   return {
-    byStatus: { queued: r.queued, running: r.running },
-    capped: { queued: r.queued >= cap, running: r.running >= cap },
+    byStatus: { queued: r.queued, running: r.running, waiting },
+    capped: { queued: r.queued >= cap, running: r.running >= cap, waiting: waiting >= cap },
+    waitingByReason: { sleep: r.sleep, signal: r.signal },
     oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),
   };
 }

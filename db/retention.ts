@@ -37,6 +37,24 @@ const PURGE_FINISHED_RUNS = `
                      where w.tenant_id = d.tenant_id and w.run_id = d.run_id) e))
     returning 1
   ),
+  -- The run's durable calls and signals (migration 021) go with it. Each
+  -- run's rows are a correlated subquery, one probe of the primary key per
+  -- run: a lateral join would be flattened, and then hashed over a scan of
+  -- the table when it looks small.
+  steps as (
+    delete from run_steps
+     where ctid = any (array(
+             select unnest(array(select w.ctid from run_steps w
+                                  where w.tenant_id = d.tenant_id and w.run_id = d.run_id))
+               from doomed d))
+  ),
+  signals as (
+    delete from run_signals
+     where ctid = any (array(
+             select unnest(array(select w.ctid from run_signals w
+                                  where w.tenant_id = d.tenant_id and w.run_id = d.run_id))
+               from doomed d))
+  ),
   gone as (
     delete from runs where ctid = any (array(select row_ctid from doomed))
     returning 1
@@ -46,7 +64,7 @@ const PURGE_FINISHED_RUNS = `
 /**
  * Deletes up to `limit` runs that finished (`succeeded`, `failed`,
  * `cancelled`) more than `retentionMs` ago, oldest first, with all their
- * `work_events`. A run with an event still to ship (unpublished and not
+ * `work_events`, `run_steps` and `run_signals`. A run with an event still to ship (unpublished and not
  * parked) is kept until the outbox shipped it: an event is never dropped
  * unpublished. Parked events go with their run (an operator had the whole
  * retention to un-park them). Rows another purger holds are skipped (`FOR

@@ -66,8 +66,8 @@ export function runColumns(alias?: string): string {
   return RUN_COLUMN_NAMES.map((c) => alias ? `${alias}.${c}` : c).join(", ");
 }
 
-/** What a queued run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
-export type WaitingReason = "worker" | "schedule" | "concurrency" | "slot";
+/** What a queued or waiting run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
+export type WaitingReason = "worker" | "schedule" | "concurrency" | "slot" | "sleep" | "signal";
 
 /** A run as `selectRun` reads it: with its input, and what it waits for when asked. */
 export type RunDetailRow = RunRow & {
@@ -78,12 +78,15 @@ export type RunDetailRow = RunRow & {
   /** With `waiting`, for a limited run: its group's limit and runs running now. */
   slot_limit?: number | null;
   slot_running?: number | null;
+  /** With `waiting`, for a waiting run: the sleep's or the signal's name. */
+  wait_name?: string | null;
 };
 
 /**
  * One run of one tenant, with its input; undefined when absent or another
- * tenant's. With `waiting`, also `waiting_reason` (null unless queued),
- * checked in this order in the same statement: `worker` when no live worker
+ * tenant's. With `waiting`, also `waiting_reason`: for a waiting run what it
+ * waits for (`sleep`, `signal`, with `wait_name`), null unless queued or
+ * waiting, and for a queued run, checked in this order in the same statement: `worker` when no live worker
  * hosts its version (db/catalog.ts), `schedule` when its run_after has not
  * come, `concurrency` when its concurrency group (migration 011) has as
  * many runs running as its limit, else `slot`. The hosting probe reads
@@ -100,13 +103,15 @@ export async function selectRun(
     select ${sql.unsafe(runColumns("r"))}, r.input, r.event_seq
            ${
     opts.waiting
-      ? sql`, case when status <> 'queued' then null
+      ? sql`, case when status = 'waiting' then r.wait_reason
+                   when status <> 'queued' then null
                    when ${sql.unsafe(noLiveHost("r.workflow_name", "r.workflow_version"))}
                      then 'worker'
                    when run_after > now() then 'schedule'
                    when g.running >= g.max_running then 'concurrency'
                    else 'slot' end as waiting_reason,
-             g.max_running as slot_limit, g.running as slot_running`
+             g.max_running as slot_limit, g.running as slot_running,
+             case when status = 'waiting' then r.wait_name end as wait_name`
       : sql``
   }
       from runs r

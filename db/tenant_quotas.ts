@@ -64,18 +64,27 @@ export async function selectTenantQuotas(sql: Sql): Promise<TenantQuota[]> {
 }
 
 /**
- * The tenant's queued runs, counted up to `cap` (the gate asks for its
- * max_queued plus one: beyond that, "full" is all it needs to know). The
- * tenant compared in collation "C" and `status = 'queued'` make it one range
- * of the queue index runs_queued_workflow_idx (migrations 003 and 008: no
- * other index can serve that clause), stopped after `cap` entries, so its
- * cost is bounded by the cap, not by the queue.
+ * The tenant's queued work, counted up to `cap` (the gate asks for its
+ * max_queued plus one: beyond that, "full" is all it needs to know): its
+ * queued runs and its waiting ones (suspended sleeps and signal waits,
+ * migration 021), so a tenant cannot park runs past its quota. The tenant
+ * compared in collation "C" and the status make each one range of a partial
+ * index, runs_queued_workflow_idx and runs_waiting_tenant_idx (migrations
+ * 003, 008 and 022: no other index can serve that clause), stopped after
+ * `cap` entries in all, so its cost is bounded by the cap, not by the queue.
  */
 export async function countQueuedRuns(sql: Sql, tenantId: string, cap: number): Promise<number> {
   const [row] = await sql<{ n: number }[]>`
-    select count(*)::int as n
-      from (select 1 from runs
-             where tenant_id collate "C" = ${tenantId} and status = 'queued'
-             limit ${cap}) q`;
+    with queued as (
+      select count(*)::int as n
+        from (select 1 from runs
+               where tenant_id collate "C" = ${tenantId} and status = 'queued'
+               limit ${cap}) q
+    )
+    select q.n + (select count(*)::int
+                    from (select 1 from runs
+                           where tenant_id collate "C" = ${tenantId} and status = 'waiting'
+                           limit greatest(${cap} - q.n, 0)) w) as n
+      from queued q`;
   return row.n;
 }

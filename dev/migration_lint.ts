@@ -40,6 +40,8 @@ export const LARGE_TABLES: ReadonlySet<string> = new Set([
   "runs",
   "work_events",
   "concurrency_slots",
+  "run_steps",
+  "run_signals",
 ]);
 
 /** The comment that waives the rules for the statement just below it, with a reason. */

@@ -84,7 +84,8 @@ export async function demo(): Promise<void> {
   const key: string | undefined = ({} as AdmitHeaders)["Idempotency-Key"];
   const id: string = run.run_id;
   const version: number = again.workflow_version;
-  const status: "queued" | "running" | "succeeded" | "failed" | "cancelled" = run.status;
+  const status: "queued" | "running" | "waiting" | "succeeded" | "failed" | "cancelled" =
+    run.status;
 
   const page = await list({ limit: 50, status: "succeeded", goal_id: "g1" });
   const next: string | null = page.next_cursor;
@@ -95,7 +96,14 @@ export async function demo(): Promise<void> {
   const results: unknown[] = withValues.runs.map((r) => r.result);
 
   const one = await read(ids[0] ?? id);
-  const waits: "worker" | "schedule" | "concurrency" | "slot" | undefined = one.waiting_for?.reason;
+  const waits:
+    | "worker"
+    | "schedule"
+    | "concurrency"
+    | "slot"
+    | "sleep"
+    | "signal"
+    | undefined = one.waiting_for?.reason;
   const attempts: number = one.attempts;
   void [replayed, key, version, status, more, waits, attempts, results];
 
@@ -159,6 +167,7 @@ Deno.test("openapi generated types: query parameters are typed as what a client 
   assert.deepEqual(listParam(doc, "status").schema.enum, [
     "queued",
     "running",
+    "waiting",
     "succeeded",
     "failed",
     "cancelled",

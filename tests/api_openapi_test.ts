@@ -14,6 +14,7 @@ import { createApiMetrics } from "../api/metrics.ts";
 import { openApiPath } from "../api/openapi.ts";
 import { silentLogger } from "../core/log.ts";
 import { ListRunsQuery, Problem, Run, RunPage, RunRequest } from "../contracts/runs.ts";
+import { SignalReceipt, SignalRequest } from "../contracts/signals.ts";
 
 type Doc = {
   openapi: string;
@@ -140,13 +141,22 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
   assert.deepEqual(doc.components.schemas.RunRequest, zodSchema(RunRequest, "input"));
   assert.deepEqual(doc.components.schemas.Run, zodSchema(Run, "output"));
   assert.deepEqual(doc.components.schemas.Problem, zodSchema(Problem, "output"));
+  assert.deepEqual(doc.components.schemas.SignalRequest, zodSchema(SignalRequest, "input"));
+  assert.deepEqual(doc.components.schemas.SignalReceipt, zodSchema(SignalReceipt, "output"));
   // What a queued run waits for: one object, its reason an enum, documented.
   const run = doc.components.schemas.Run as { properties: Record<string, unknown> };
   const waiting = (run.properties.waiting_for as { anyOf: Record<string, unknown>[] }).anyOf[0] as {
     properties: Record<string, { enum?: string[]; description?: string }>;
     required: string[];
   };
-  assert.deepEqual(waiting.properties.reason.enum, ["worker", "schedule", "concurrency", "slot"]);
+  assert.deepEqual(waiting.properties.reason.enum, [
+    "worker",
+    "schedule",
+    "concurrency",
+    "slot",
+    "sleep",
+    "signal",
+  ]);
   assert.ok(waiting.properties.reason.description?.includes("no running worker"));
   assert.deepEqual(waiting.required, ["reason", "detail"]);
   // RunPage refers to Run rather than repeating it.

@@ -543,6 +543,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     "client/options.ts",
     "client/problems.ts",
     "client/retry.ts",
+    "client/signal.ts",
     "client/wait_for_run.ts",
     "client/workflow_runs.ts",
     "contracts/concurrency.ts",

@@ -75,20 +75,23 @@ async function checkPlans(
       if (runs < (hot.fromRuns ?? 0)) continue;
       const statements = await spy.capture(hot.call);
       assert.ok(statements.length > 0, `${hot.name} issued no statement`);
-      for (const stmt of statements) {
-        for (const mode of hot.modes ?? ["force_generic_plan", "force_custom_plan"] as const) {
-          const use = indexUse(await explain(db.sql, stmt, mode));
-          for (const [rel, wanted] of Object.entries(hot.indexes)) {
-            const got = use.get(rel) ?? new Set<string>();
-            const wrong = [...got].filter((i) => !wanted.includes(i));
-            const missing = wanted.filter((i) => !got.has(i));
-            if (wrong.length || missing.length) {
-              failures.push(
-                `${stage}, ${mode.replace(/^force_|_plan$/g, "")}: ${hot.name} reads ${rel} via ` +
-                  `[${[...got].join(", ")}], wants [${wanted.join(", ")}]`,
-              );
-            }
+      for (const mode of hot.modes ?? ["force_generic_plan", "force_custom_plan"] as const) {
+        // A call of several statements (a transaction) uses each wanted
+        // index in one of them; no statement may use another.
+        const uses: Map<string, Set<string>>[] = [];
+        for (const stmt of statements) uses.push(indexUse(await explain(db.sql, stmt, mode)));
+        for (const [rel, wanted] of Object.entries(hot.indexes)) {
+          const got = new Set(uses.flatMap((use) => [...use.get(rel) ?? []]));
+          const wrong = [...got].filter((i) => !wanted.includes(i));
+          const missing = wanted.filter((i) => !got.has(i));
+          if (wrong.length || missing.length) {
+            failures.push(
+              `${stage}, ${mode.replace(/^force_|_plan$/g, "")}: ${hot.name} reads ${rel} via ` +
+                `[${[...got].join(", ")}], wants [${wanted.join(", ")}]`,
+            );
           }
+        }
+        for (const use of uses) {
           // concurrency_slots is checked where a statement names it; runs and
           // work_events always: a statement not naming one must not read it.
           for (const rel of ["runs", "work_events"]) {

@@ -54,6 +54,11 @@ const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
       "scan's probes",
     via: ["runs via runs_running_tenant_idx"],
   },
+  "durable: wakeDueRuns": {
+    why: "the leader's waker finds the tenants with waiting runs (a loose scan, one probe per " +
+      "tenant); each one's runs past their deadline are then its tenant's range",
+    via: ["runs via runs_waiting_tenant_idx"],
+  },
   "maintenance: repairLanes": {
     why: "the leader's walk of the lanes of queued runs, across tenants by design (a loose " +
       "scan, one probe per lane); each lane's earliest run is then its tenant's range",

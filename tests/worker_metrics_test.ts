@@ -29,23 +29,26 @@ function waitingSeries(text: string): Record<string, number> {
 Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, one read per scrape", async () => {
   const answers: (QueueStats | Error)[] = [
     {
-      byStatus: { queued: 7, running: 1 },
-      capped: { queued: false, running: false },
+      byStatus: { queued: 7, running: 1, waiting: 0 },
+      capped: { queued: false, running: false, waiting: false },
+      waitingByReason: { sleep: 0, signal: 0 },
       oldestQueuedAgeSeconds: 3,
       waitingForWorker: [{ workflow: "a@1", runs: 5 }, { workflow: "b@2", runs: 2 }],
       limited: [],
     },
     {
-      byStatus: { queued: 2, running: 0 },
-      capped: { queued: false, running: false },
+      byStatus: { queued: 2, running: 0, waiting: 0 },
+      capped: { queued: false, running: false, waiting: false },
+      waitingByReason: { sleep: 0, signal: 0 },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [{ workflow: "b@2", runs: 2 }],
       limited: [],
     },
     new Error("postgres went away"),
     {
-      byStatus: { queued: 0, running: 0 },
-      capped: { queued: false, running: false },
+      byStatus: { queued: 0, running: 0, waiting: 0 },
+      capped: { queued: false, running: false, waiting: false },
+      waitingByReason: { sleep: 0, signal: 0 },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [],
       limited: [],
@@ -229,11 +232,11 @@ Deno.test("worker metrics: with more queued runs than the cap, queueStats and th
       }));
     await insertRuns(sql, [...runs("acme", 4), ...runs("globex", 4)]);
     const under = await queueStats(sql, 20);
-    assert.deepEqual(under.byStatus, { queued: 8, running: 0 });
-    assert.deepEqual(under.capped, { queued: false, running: false });
+    assert.deepEqual(under.byStatus, { queued: 8, running: 0, waiting: 0 });
+    assert.deepEqual(under.capped, { queued: false, running: false, waiting: false });
     const over = await queueStats(sql, 5);
-    assert.deepEqual(over.byStatus, { queued: 5, running: 0 });
-    assert.deepEqual(over.capped, { queued: true, running: false });
+    assert.deepEqual(over.byStatus, { queued: 5, running: 0, waiting: 0 });
+    assert.deepEqual(over.capped, { queued: true, running: false, waiting: false });
 
     const registry = new client.Registry();
     createWorkerMetrics(registry, () => queueStats(sql, 5), () => 0, silentLogger);
@@ -256,8 +259,9 @@ Deno.test("worker metrics: a worker that is not the leader reports no queue-wide
       if (!leader) return Promise.resolve(null);
       reads++;
       return Promise.resolve({
-        byStatus: { queued: 3, running: 1 },
-        capped: { queued: false, running: false },
+        byStatus: { queued: 3, running: 1, waiting: 0 },
+        capped: { queued: false, running: false, waiting: false },
+        waitingByReason: { sleep: 0, signal: 0 },
         oldestQueuedAgeSeconds: 2,
         waitingForWorker: [{ workflow: "a@1", runs: 3 }],
         limited: [],

@@ -12,6 +12,7 @@ import type { ClaimedRun } from "../db/claims.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
 import { attemptError, errorMessage } from "./run_output.ts";
 import { inSpan, remoteContext } from "../core/tracing.ts";
+import { DurableCalls, type DurableDeps } from "./durable_context.ts";
 
 /** A claimed attempt while this worker holds it (from the claim to its finishing write). */
 export interface Attempt {
@@ -37,6 +38,11 @@ export interface Attempt {
   lost: boolean;
   /** The handler returned or threw; only the finishing write is left. */
   settled: boolean;
+  /**
+   * The run was suspended by a durable call (a long sleep or wait): its
+   * state is written, the attempt is over and has nothing left to write.
+   */
+  suspended: boolean;
   /** Settles once the attempt is over and written (or given up). */
   finished: Promise<void>;
 }
@@ -64,6 +70,7 @@ export function newAttempt(
     abandoned: false,
     lost: false,
     settled: false,
+    suspended: false,
     finished: Promise.resolve(),
   };
 }
@@ -75,11 +82,18 @@ export function loseLease(attempt: Attempt, why: string): void {
   attempt.abort.abort(new Error(why));
 }
 
-/** Resolves the pinned version, validates the input again, runs the handler. */
+/**
+ * Resolves the pinned version, validates the input again, runs the handler
+ * with its durable calls (worker/durable_context.ts). Returns as soon as
+ * the run is suspended (the attempt's `suspended` is then set), even when
+ * the handler has not settled yet: the slot is free, and whatever the
+ * handler does next writes nothing.
+ */
 export async function runHandler(
   registry: WorkflowRegistry,
   workerId: string,
   attempt: Attempt,
+  deps: DurableDeps,
 ): Promise<AttemptResult> {
   const { run } = attempt;
   const ref = `${run.workflow_name}@${run.workflow_version}`;
@@ -111,34 +125,48 @@ export async function runHandler(
       }),
     };
   }
-  let result: unknown;
-  try {
-    // A span of the run's trace (a no-op unless tracing is on): what the
-    // handler fetches carries it on.
-    result = await inSpan(
-      `poimen run ${ref}`,
-      remoteContext(run.traceparent),
-      {
-        "poimen.tenant": run.tenant_id,
-        "poimen.run_id": run.run_id,
-        "poimen.attempt": run.attempts,
-      },
-      async () =>
-        await wf.handler(parsed.data, {
+  const durable = new DurableCalls(deps, attempt);
+  // A span of the run's trace (a no-op unless tracing is on): what the
+  // handler fetches carries it on.
+  const handled = inSpan(
+    `poimen run ${ref}`,
+    remoteContext(run.traceparent),
+    {
+      "poimen.tenant": run.tenant_id,
+      "poimen.run_id": run.run_id,
+      "poimen.attempt": run.attempts,
+    },
+    async () =>
+      await wf.handler(
+        parsed.data,
+        durable.context({
           tenantId: run.tenant_id,
           runId: run.run_id,
           attempt: run.attempts,
           signal: attempt.abort.signal,
           log: attempt.log,
         }),
-    );
-  } catch (err) {
+      ),
+  ).then((result) => ({ result }), (error: unknown) => ({ error }));
+  const suspended = durable.suspension.then(() => undefined);
+  const ended = await Promise.race([handled, suspended]);
+  if (durable.suspended || ended === undefined) {
+    attempt.suspended = true;
+    return { ok: true, result: undefined };
+  }
+  if ("result" in ended) await durable.verifyEnd().catch(() => {});
+  // Final, whatever the handler made of it: a replay that diverged, a step
+  // too large.
+  if (durable.failure) return { ok: false, final: true, error: durable.failure };
+  if (!("result" in ended)) {
+    const err = ended.error;
     return {
       ok: false,
       final: false,
       error: { message: errorMessage(err), name: err instanceof Error ? err.name : undefined },
     };
   }
+  const result = ended.result;
   if (!wf.output) return { ok: true, result };
   const checked = wf.output.safeParse(result);
   if (!checked.success) {

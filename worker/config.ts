@@ -11,6 +11,7 @@ import {
 } from "../core/config.ts";
 import { SECOND } from "../core/time.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
+import { DEFAULT_RUN_STEP_MAX_BYTES, DEFAULT_SUSPEND_AFTER_MS } from "./durable_defaults.ts";
 
 /** Default worker id: unique per process on a host, readable in `lease_owner`. */
 export function defaultWorkerId(): string {
@@ -41,6 +42,27 @@ export const workerEnvSchema = z.object({
   RUN_RESULT_MAX_BYTES: z.coerce.number().int().min(1024).max(960 * 1024).default(
     DEFAULT_RUN_RESULT_MAX_BYTES,
   ),
+  /**
+   * Largest result of a durable step (`ctx.step`), as JSON bytes: stored in
+   * Postgres and read back by every replay, never sent in an event (which
+   * carries its size). A larger one fails the run with `step-too-large`.
+   */
+  RUN_STEP_MAX_BYTES: z.coerce.number().int().min(1024).max(16 * 1024 * 1024).default(
+    DEFAULT_RUN_STEP_MAX_BYTES,
+  ),
+  /**
+   * A durable sleep or signal wait with more time left than this suspends
+   * the run (its worker slot, lease and concurrency slot given back); one
+   * with less waits in the worker. At most 5 s.
+   */
+  WORKER_SUSPEND_AFTER_MS: z.coerce.number().int().min(0).max(5 * SECOND).default(
+    DEFAULT_SUSPEND_AFTER_MS,
+  ),
+  /**
+   * How often the leader looks for waiting runs whose deadline came (a
+   * sleep's end, a wait's timeout) and queues them: how late they may start.
+   */
+  WORKER_WAKE_MS: z.coerce.number().int().min(50).max(60 * SECOND).default(SECOND),
   /** `/metrics`, `/healthz` and `/readyz`; 0 picks a free port (logged). */
   WORKER_METRICS_PORT: port(DEFAULT_METRICS_PORTS.worker),
   WORKER_METRICS_HOST: z.string().min(1).default("127.0.0.1"),

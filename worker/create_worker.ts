@@ -60,6 +60,12 @@ export interface CreateWorkerOptions {
   shutdownMs?: number;
   /** Largest result of a run, as JSON bytes; 256 KiB by default. */
   resultMaxBytes?: number;
+  /** Largest result of a durable step, as JSON bytes; 256 KiB by default. */
+  stepMaxBytes?: number;
+  /** A sleep or signal wait with more left than this suspends the run; 5 s by default (at most 5 s). */
+  suspendAfterMs?: number;
+  /** How often the leader queues waiting runs whose deadline came; 1 s by default. */
+  wakeMs?: number;
   /** Unique per process (the lease owner); `<hostname>-<pid>` by default. */
   id?: string;
   /** Postgres connections of the main pool; 10 by default. */
@@ -175,6 +181,9 @@ export function assembleWorker(
     retryBaseMs: options.retryBaseMs ?? defaults.WORKER_RETRY_BASE_MS,
     shutdownMs: options.shutdownMs ?? defaults.WORKER_SHUTDOWN_MS,
     resultMaxBytes: options.resultMaxBytes ?? defaults.RUN_RESULT_MAX_BYTES,
+    stepMaxBytes: options.stepMaxBytes ?? defaults.RUN_STEP_MAX_BYTES,
+    suspendAfterMs: options.suspendAfterMs ?? defaults.WORKER_SUSPEND_AFTER_MS,
+    wakeMs: options.wakeMs ?? defaults.WORKER_WAKE_MS,
     log,
     hooks,
     listener,

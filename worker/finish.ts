@@ -69,6 +69,11 @@ export class Finisher {
     const { hooks } = this.#opts;
     const { run, log } = attempt;
     if (attempt.abandoned) return; // releaseUnfinished() gives it back
+    if (attempt.suspended) {
+      // The suspend wrote the run's state (waiting, its attempt given back).
+      hooks.onFinished?.("suspended");
+      return;
+    }
     if (attempt.lost) {
       log.warn("lease lost; result discarded", { ok: outcome.ok });
       hooks.onFinished?.("lost");

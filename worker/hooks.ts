@@ -2,6 +2,7 @@
 import type { ReclaimedRun } from "../db/leases.ts";
 import type { SlotCorrection } from "../db/slot_reconcile.ts";
 import type { LaneRepair } from "./lane_repairer.ts";
+import type { StepKind } from "../db/run_steps.ts";
 
 /** How one claimed attempt ended, as far as this worker knows. */
 export type AttemptOutcome =
@@ -12,6 +13,8 @@ export type AttemptOutcome =
   | "cancelled"
   /** Given back unfinished on shutdown. */
   | "released"
+  /** Suspended (a long sleep or wait): `waiting`, its attempt given back. */
+  | "suspended"
   /** The lease was lost (reclaimed elsewhere): nothing was written. */
   | "lost";
 
@@ -33,6 +36,12 @@ export interface WorkerHooks {
   onLaneRepaired?(repair: LaneRepair): void;
   /** This worker became the fleet's leader (true) or stopped being it (false). */
   onLeader?(leader: boolean): void;
+  /** A durable call ended (its wait included): its kind, how, and how long it took. */
+  onStepFinished?(kind: StepKind, outcome: "completed" | "failed", seconds: number): void;
+  /** A run was suspended, waiting for a sleep's end or a signal. */
+  onSuspended?(reason: "sleep" | "signal"): void;
+  /** The waker queued runs whose deadline came (worker/run_waker.ts). */
+  onWoken?(runs: number): void;
   /** A lease renewal answered: one statement, renewing `runs` runs' leases. */
   onLeasesRenewed?(runs: number): void;
 }

@@ -42,7 +42,7 @@ export function createWorkerMetrics(
   const finished = new client.Counter({
     name: "poimen_worker_attempts_finished_total",
     help:
-      "Attempts finished by this worker, by outcome: succeeded, retrying, failed, cancelled, released, lost",
+      "Attempts finished by this worker, by outcome: succeeded, retrying, failed, cancelled, released, suspended, lost",
     labelNames: ["outcome"] as const,
     registers,
   });
@@ -178,6 +178,40 @@ export function createWorkerMetrics(
     },
   });
 
+  new client.Gauge({
+    name: "poimen_runs_waiting",
+    help:
+      `Waiting runs (suspended, all tenants) by what they wait for: sleep (a long ctx.sleep) or signal (ctx.waitForSignal), each counted up to ${QUEUE_GAUGE_CAP}; reported by the leader only`,
+    labelNames: ["reason"] as const,
+    registers,
+    async collect() {
+      const s = await fresh();
+      if (s === null) return this.reset();
+      if (!s) return;
+      for (const [reason, n] of Object.entries(s.waitingByReason)) this.set({ reason }, n);
+    },
+  });
+  const stepDuration = new client.Histogram({
+    name: "poimen_worker_step_duration_seconds",
+    help:
+      "Durable calls this worker ended, by kind (step, sleep, signal) and outcome (completed, failed): a step's time in its fn (its tries included), a sleep's or wait's in this worker",
+    labelNames: ["kind", "outcome"] as const,
+    buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300],
+    registers,
+  });
+  const suspended = new client.Counter({
+    name: "poimen_worker_suspended_total",
+    help: "Runs this worker suspended (waiting for a long sleep's end or a signal), by reason",
+    labelNames: ["reason"] as const,
+    registers,
+  });
+  const woken = new client.Counter({
+    name: "poimen_worker_woken_total",
+    help:
+      "Waiting runs this worker (as the leader) queued at their deadline: a sleep's end or a wait's timeout",
+    registers,
+  });
+
   const hooks: WorkerHooks = {
     onClaimed: (n) => claims.inc(n),
     onFinished: (outcome) => {
@@ -190,6 +224,9 @@ export function createWorkerMetrics(
     onFenced: (statement) => fenced.inc({ statement }),
     onHeartbeatTimeout: () => heartbeatTimeouts.inc(),
     onLeasesRenewed: () => renewals.inc(),
+    onStepFinished: (kind, outcome, seconds) => stepDuration.observe({ kind, outcome }, seconds),
+    onSuspended: (reason) => suspended.inc({ reason }),
+    onWoken: (n) => woken.inc(n),
   };
   return { registry, hooks };
 }

@@ -25,8 +25,12 @@
  *
  * The parts, each in a file of its own: claim_loop.ts (claiming into free
  * slots), attempt.ts (one attempt's state and its handler call),
- * heartbeat.ts (lease renewal and cancel requests), finish.ts (the writes
- * that end an attempt, and the release on shutdown). This file holds them
+ * durable_context.ts (the handler's durable calls: steps replayed from
+ * their stored results, sleeps and signal waits that suspend the run and
+ * free its slot), heartbeat.ts (lease renewal and cancel requests),
+ * finish.ts (the writes that end an attempt, and the release on shutdown),
+ * leader_tasks.ts (the leader's maintenance: reclaimer, waker of waiting
+ * runs, lane repairer, slot reconciler). This file holds them
  * together: which runs are in flight, start and stop.
  */
 import type { Logger } from "../core/log.ts";
@@ -50,12 +54,12 @@ import { claimLoop } from "./claim_loop.ts";
 import { Finisher } from "./finish.ts";
 import { LeaseRenewer } from "./heartbeat.ts";
 import type { WorkerHooks } from "./hooks.ts";
-import { Reclaimer } from "./reclaimer.ts";
-import { SlotReconciler } from "./slot_reconciler.ts";
-import { LaneRepairer } from "./lane_repairer.ts";
+import { registerLeaderTasks } from "./leader_tasks.ts";
 import { LeaderElector } from "../core/leader.ts";
 import { WorkerPresence } from "./presence.ts";
 import { DEFAULT_RUN_RESULT_MAX_BYTES } from "./run_output.ts";
+import type { DurableDeps } from "./durable_context.ts";
+import { DEFAULT_RUN_STEP_MAX_BYTES, DEFAULT_SUSPEND_AFTER_MS } from "./durable_defaults.ts";
 
 export type { AttemptOutcome, FencedStatement, WorkerHooks } from "./hooks.ts";
 
@@ -89,6 +93,19 @@ export interface WorkerOptions {
    * a larger result fails the attempt with `result-too-large`.
    */
   resultMaxBytes?: number;
+  /**
+   * A durable sleep or signal wait with more time left than this suspends
+   * the run (WORKER_SUSPEND_AFTER_MS, 5 s by default, at most 5 s); one
+   * with less waits in the worker.
+   */
+  suspendAfterMs?: number;
+  /** Largest result of a durable step, as JSON bytes (RUN_STEP_MAX_BYTES). */
+  stepMaxBytes?: number;
+  /**
+   * Mean time between two looks of the leader's waker for waiting runs whose
+   * deadline came (WORKER_WAKE_MS, 1 s by default): how late a long sleep ends.
+   */
+  wakeMs?: number;
   log: Logger;
   hooks?: WorkerHooks;
   /**
@@ -138,6 +155,7 @@ export class Worker implements Service {
   readonly #finisher: Finisher;
   readonly #presence: WorkerPresence;
   readonly #renewer: LeaseRenewer;
+  readonly #durable: DurableDeps;
   #started = false;
 
   constructor(sql: Sql, registry: WorkflowRegistry, opts: WorkerOptions) {
@@ -153,6 +171,9 @@ export class Worker implements Service {
       slotReconcileGroups: 100,
       laneRepairMs: MINUTE,
       laneRepairLanes: 1000,
+      suspendAfterMs: DEFAULT_SUSPEND_AFTER_MS,
+      stepMaxBytes: DEFAULT_RUN_STEP_MAX_BYTES,
+      wakeMs: SECOND,
       hooks: {},
       ...opts,
     };
@@ -211,47 +232,25 @@ export class Worker implements Service {
       log: this.#log,
       onChange: (leader) => this.#opts.hooks.onLeader?.(leader),
     });
-    // One reclaimer for the fleet: its loose scan of every tenant with
-    // running runs is done once per interval, not once per worker.
-    this.#leader.whileLeader("reclaimer", () =>
-      new Reclaimer(sql, {
-        intervalMs: this.#opts.reclaimMs,
-        log: this.#log,
-        onReclaimed: (runs) => {
-          this.#opts.hooks.onReclaimed?.(runs);
-          if (runs.length > 0) this.#eventsWritten();
-          // Requeued runs are due now: this worker and the others may take them.
-          if (runs.some((r) => r.status === "queued")) {
-            this.#sleep.wake();
-            this.#notify();
-          }
-        },
-      }));
-    // Slot counts are checked by the leader alone: one cursor for the fleet.
-    // Lanes later than their queued runs are lowered by the leader alone too.
-    if (this.#opts.laneRepairMs > 0) {
-      this.#leader.whileLeader("lane-repairer", () =>
-        new LaneRepairer(sql, {
-          intervalMs: this.#opts.laneRepairMs,
-          lanesPerRound: this.#opts.laneRepairLanes,
-          log: this.#log,
-          onRepaired: (r) => {
-            this.#opts.hooks.onLaneRepaired?.(r);
-            // A lowered lane may be due now.
-            this.#sleep.wake();
-            this.#notify();
-          },
-        }));
-    }
-    if (this.#opts.slotReconcileMs > 0) {
-      this.#leader.whileLeader("slot-reconciler", () =>
-        new SlotReconciler(sql, {
-          intervalMs: this.#opts.slotReconcileMs,
-          groupsPerRound: this.#opts.slotReconcileGroups,
-          log: this.#log,
-          onCorrected: (c) => this.#opts.hooks.onSlotCorrected?.(c),
-        }));
-    }
+    this.#durable = {
+      sql,
+      owner: opts.id,
+      suspendAfterMs: Math.min(this.#opts.suspendAfterMs, DEFAULT_SUSPEND_AFTER_MS),
+      stepMaxBytes: this.#opts.stepMaxBytes,
+      errorMaxBytes: this.#opts.resultMaxBytes,
+      hooks: this.#opts.hooks,
+      eventsWritten: this.#eventsWritten,
+    };
+    registerLeaderTasks(this.#leader, sql, {
+      ...this.#opts,
+      log: this.#log,
+      eventsWritten: this.#eventsWritten,
+      // Runs became due: this worker and the others may take them.
+      due: () => {
+        this.#sleep.wake();
+        this.#notify();
+      },
+    });
   }
 
   /** This worker's lease owner id. */
@@ -413,7 +412,7 @@ export class Worker implements Service {
       });
       let outcome: AttemptResult;
       try {
-        outcome = await runHandler(this.#registry, id, attempt);
+        outcome = await runHandler(this.#registry, id, attempt, this.#durable);
       } finally {
         this.#settle(attempt);
       }

@@ -56,18 +56,25 @@ export type {
   WorkflowInput,
   WorkflowResult,
 } from "../contracts/workflow.ts";
+import type { DurableContext } from "./durable.ts";
+export type { DurableContext, Signal, StepOptions, WaitForSignalOptions } from "./durable.ts";
+
 export type { Fields, Logger } from "../core/log.ts";
 
 /** What `input` takes (a zod 4 schema); `Schema` names both sides. */
 export type InputSchema<I> = Schema<I, unknown>;
 
-/** What a handler gets besides its input. */
-export interface WorkflowContext {
+/**
+ * What a handler gets besides its input: who it runs for, and the durable
+ * calls (`step`, `stepKey`, `sleep`, `sleepUntil`, `waitForSignal`:
+ * workflows/durable.ts).
+ */
+export interface WorkflowContext extends DurableContext {
   /** The tenant the run belongs to. */
   tenantId: string;
   /** The run's id (a UUIDv7). */
   runId: string;
-  /** 1 on the first attempt. */
+  /** 1 on the first attempt (a run resumed after a wait keeps its number). */
   attempt: number;
   /**
    * Aborted when the worker shuts down, loses the run's lease, or the run is

@@ -19,11 +19,19 @@ import type { WaitingGroup, WaitingTotals } from "../../db/concurrency_overview.
 import { ConcurrencyWaiting } from "./concurrency_waiting.tsx";
 
 /** The run statuses a filter offers. */
-export const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"] as const;
+export const STATUSES = [
+  "queued",
+  "running",
+  "waiting",
+  "succeeded",
+  "failed",
+  "cancelled",
+] as const;
 
 /** A run that can still be cancelled, and whose cancel was not asked for yet. */
 function cancellable(run: Run): boolean {
-  return (run.status === "queued" || run.status === "running") && run.cancel_requested_at === null;
+  return (run.status === "queued" || run.status === "running" || run.status === "waiting") &&
+    run.cancel_requested_at === null;
 }
 
 function Status({ status }: { status: string }) {

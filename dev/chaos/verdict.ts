@@ -65,7 +65,7 @@ export const EXPECTED_REASONS: Record<
 };
 
 const TERMINAL_EVENTS = new Set(["run.succeeded", "run.failed", "run.cancelled"]);
-const OPEN = new Set(["queued", "running"]);
+const OPEN = new Set(["queued", "running", "waiting"]);
 
 /** One event as read back from an events topic. */
 export interface EventSeen {

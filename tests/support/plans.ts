@@ -41,6 +41,15 @@ import {
 } from "../../db/concurrency_overview.ts";
 import { uuidv7Floor } from "../../core/uuid.ts";
 import { purgeFinishedRuns } from "../../db/retention.ts";
+import {
+  completeStep,
+  failStep,
+  loadSteps,
+  selectStepSummaries,
+  settleSleep,
+} from "../../db/run_steps.ts";
+import { sendSignal, settleSignalWait, signalPending } from "../../db/signals.ts";
+import { suspendRun, wakeDueRuns } from "../../db/suspension.ts";
 
 export const TENANTS = 20;
 /** The bulk data's limited workflow (one run in ten), as a worker hosting it claims. */
@@ -53,15 +62,25 @@ export interface Captured {
 }
 
 /** The tables whose scans are checked: a statement not naming one must not read it. */
-export const RELATIONS = ["runs", "work_events", "concurrency_slots", "queue_lanes"] as const;
+export const RELATIONS = [
+  "runs",
+  "work_events",
+  "concurrency_slots",
+  "queue_lanes",
+  "run_steps",
+  "run_signals",
+] as const;
 export type Relation = typeof RELATIONS[number];
 
-/** A statement and where its scans of `runs`, `work_events`, `concurrency_slots` and `queue_lanes` must go. */
+/** A statement and where its scans of the tables in `RELATIONS` must go. */
 export interface HotStatement {
   name: string;
   /** Issues the statement through `sql` (inside a transaction that is rolled back). */
   call: (sql: Sql) => Promise<unknown>;
-  /** Per relation: every scan of it must use one of these indexes, and each is used. */
+  /**
+   * Per relation: every scan of it must use one of these indexes, and each is
+   * used (by one of the call's statements, when it makes several).
+   */
   indexes: Partial<Record<Relation, string[]>>;
   /**
    * The plans it is executed with; both unless said. A statement sent
@@ -110,6 +129,8 @@ export function hotStatements(s: Sample): HotStatement[] {
     concurrency_limit: 1,
   }));
   const lease = 30_000;
+  const fence = { tenant_id: s.tenant, run_id: s.runningRun, owner: s.owner, attempt: s.attempt };
+  const durable = { runs: ["runs_pkey"], run_steps: ["run_steps_pkey"] };
   return [
     {
       name: "admission: insertRuns",
@@ -254,7 +275,9 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: queueCounts",
       call: (sql) => queueCounts(sql),
-      indexes: { runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx"] },
+      indexes: {
+        runs: ["runs_queued_workflow_idx", "runs_running_tenant_idx", "runs_waiting_tenant_idx"],
+      },
     },
     {
       name: "queue: selectUnhostedQueues",
@@ -274,7 +297,7 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "quota: countQueuedRuns (the API's gate, capped at max_queued)",
       call: (sql) => countQueuedRuns(sql, s.tenant, 1000),
-      indexes: { runs: ["runs_queued_workflow_idx"] },
+      indexes: { runs: ["runs_queued_workflow_idx", "runs_waiting_tenant_idx"] },
     },
     {
       // From concurrency_slots' counts only, never runs: one range of the
@@ -354,7 +377,73 @@ export function hotStatements(s: Sample): HotStatement[] {
       indexes: {
         runs: ["runs_finished_idx", "Tid Scan"],
         work_events: ["work_events_pkey", "Tid Scan"],
+        run_steps: ["run_steps_pkey", "Tid Scan"],
+        run_signals: ["run_signals_pkey", "Tid Scan"],
       },
+    },
+    {
+      name: "durable: loadSteps",
+      call: (sql) => loadSteps(sql, s.tenant, s.runningRun),
+      indexes: { run_steps: ["run_steps_pkey"] },
+    },
+    {
+      name: "durable: selectStepSummaries",
+      call: (sql) => selectStepSummaries(sql, s.tenant, s.runningRun),
+      indexes: { run_steps: ["run_steps_pkey"] },
+    },
+    {
+      name: "durable: completeStep",
+      call: (sql) =>
+        completeStep(sql, fence, { name: "a", seq: 1, resultJson: "1", size: 1, durationMs: 1 }),
+      indexes: durable,
+    },
+    {
+      name: "durable: failStep",
+      call: (sql) => failStep(sql, fence, { name: "a", seq: 1, tries: 1, error: { m: 1 } }),
+      // run_steps is only written (its insert's conflict is the arbiter's probe).
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "durable: settleSleep",
+      call: (sql) => settleSleep(sql, fence, { name: "nap", seq: 1, ms: 60_000 }),
+      indexes: durable,
+    },
+    {
+      name: "durable: settleSignalWait",
+      call: (sql) =>
+        settleSignalWait(sql, fence, {
+          name: "w",
+          seq: 1,
+          signalName: "go",
+          timeoutMs: 60_000,
+        }),
+      indexes: { ...durable, run_signals: ["run_signals_unconsumed_idx", "run_signals_pkey"] },
+    },
+    {
+      // The lock, then the check and the suspend (a signal of the name in the mailbox).
+      name: "durable: suspendRun",
+      call: (sql) =>
+        suspendRun(sql, fence, { reason: "signal", name: "go", step: "w", until: null }),
+      fromRuns: 100,
+      indexes: { runs: ["runs_pkey"], run_signals: ["run_signals_unconsumed_idx"] },
+    },
+    {
+      // The lock, then the insert, the wake and the replay's read of a stored signal.
+      name: "durable: sendSignal",
+      call: (sql) =>
+        sendSignal(sql, s.tenant, s.runningRun, { name: "go", signal_id: "x", payload: 1 }),
+      fromRuns: 100,
+      indexes: { runs: ["runs_pkey"], run_signals: ["run_signals_pkey"] },
+    },
+    {
+      name: "durable: signalPending",
+      call: (sql) => signalPending(sql, s.tenant, s.runningRun, "go"),
+      indexes: { run_signals: ["run_signals_unconsumed_idx"] },
+    },
+    {
+      name: "durable: wakeDueRuns",
+      call: (sql) => wakeDueRuns(sql, 100),
+      indexes: { runs: ["runs_waiting_tenant_idx"] },
     },
     {
       name: "outbox: purgePublished",
@@ -392,7 +481,7 @@ export function capturingPool(url: string) {
       }).catch((err) => {
         if (err !== rollback) throw err;
       });
-      return log.filter((c) => !/^\s*(begin|rollback|commit)\b/i.test(c.text));
+      return log.filter((c) => !/^\s*(begin|rollback|commit|savepoint|release)\b/i.test(c.text));
     },
   };
 }
@@ -536,6 +625,35 @@ export async function addRuns(sql: Sql, from: number, to: number): Promise<void>
            case when g % 4 in (0, 1) then g % 7 else 0 end
       from generate_series(${from}::int, ${to}::int) g
      where g % 5 = 0`;
+  // Waiting runs (one in 40), a sleep's end or a signal wait's timeout
+  // around now, some with none ('infinity').
+  await sql`
+    insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input,
+                      source, status, attempts, max_attempts, run_after, started_at, event_seq,
+                      wait_reason, wait_name)
+    select 't' || lpad((g % ${TENANTS})::text, 2, '0'), gen_random_uuid(), 'echo', 'echo', 1,
+           '{}', 'plan-test', 'waiting', 0, 3,
+           case when g % 3 = 0 then 'infinity'
+                else now() + (g % 7 - 3) * interval '1 hour' end,
+           now() - interval '1 hour', 3, case when g % 2 = 0 then 'sleep' else 'signal' end, 'w'
+      from generate_series(${from}::int, ${to}::int) g
+     where g % 40 = 3`;
+  // Steps of one run in four (three each), signals of one in four (one
+  // consumed, one not).
+  await sql`
+    insert into run_steps (tenant_id, run_id, name, seq, kind, status, result, size, attempt)
+    select r.tenant_id, r.run_id, 'step-' || k, k, 'step', 'completed', '{"ok":true}', 11, 1
+      from runs r cross join generate_series(1, 3) k
+     where r.source = 'plan-test' and (hashtext(r.run_id::text) & 7) < 2
+       and not exists (select 1 from run_steps x
+                        where x.tenant_id = r.tenant_id and x.run_id = r.run_id)`;
+  await sql`
+    insert into run_signals (tenant_id, run_id, name, signal_id, payload, consumed_as)
+    select r.tenant_id, r.run_id, 'go', 'sig-' || k, '{}', case when k = 1 then 'w' end
+      from runs r cross join generate_series(1, 2) k
+     where r.source = 'plan-test' and (hashtext(r.run_id::text) & 7) in (3, 4)
+       and not exists (select 1 from run_signals x
+                        where x.tenant_id = r.tenant_id and x.run_id = r.run_id)`;
   await sql`
     insert into work_events (tenant_id, run_id, seq, type, payload, at, published_at)
     select r.tenant_id, r.run_id, e.seq, 'run.x', '{}', now() - interval '2 days',

@@ -480,6 +480,11 @@ dl.facts dd {
   border-color: #9dbbeb;
   background: #eef4fd;
 }
+.status-waiting {
+  color: #5b3a8c;
+  border-color: #c8b4e6;
+  background: #f5f0fc;
+}
 .status-succeeded {
   color: #1d6b3a;
   border-color: #99d1ac;

@@ -1,0 +1,94 @@
+/**
+ * A handler's durable calls: the part of its context (`ctx`) whose results
+ * survive the worker (docs/workflows.md, "Durable steps, sleeps and
+ * signals"). Types only: a worker gives each attempt an implementation
+ * (worker/durable_context.ts) that stores each call's result in Postgres
+ * and, on every later attempt, returns it instead of calling again.
+ *
+ * ```ts
+ * async handler(input, ctx) {
+ *   const charge = await ctx.step("charge", () => psp.charge(input, { key: ctx.stepKey }));
+ *   const approval = await ctx.waitForSignal<{ ok: boolean }>("approval", { timeout: DAY });
+ *   await ctx.sleep("cool-off", 2 * HOUR);
+ *   return { charge, approved: approval?.payload.ok ?? false };
+ * }
+ * ```
+ *
+ * @module
+ */
+
+/** Options of `ctx.step`. */
+export interface StepOptions {
+  /**
+   * Tries after the first when `fn` throws, within this attempt (with a
+   * short backoff: 200 ms doubling, at most 10 s); then the step fails and
+   * so does the attempt. 0 by default; at most 100.
+   */
+  retries?: number;
+}
+
+/** Options of `ctx.waitForSignal`. */
+export interface WaitForSignalOptions {
+  /** Milliseconds to wait at most (from the first call, by Postgres' clock); unset: no limit. */
+  timeout?: number;
+}
+
+/** A signal as a wait returns it: sent to the run with `POST /v1/runs/{id}/signals`. */
+export interface Signal<T = unknown> {
+  /** The signal's name: the name the wait was given. */
+  name: string;
+  /** Its id: the sender's `signal_id`, or one the API made. */
+  signal_id: string;
+  /** What the sender sent (JSON). */
+  payload: T;
+  /** When the API stored it (RFC 3339). */
+  received_at: string;
+}
+
+/**
+ * The durable calls of a handler's context. Each is identified by its name:
+ * a name used twice in one run is `name#2`, `name#3`… in call order, and the
+ * order of the calls must be the same on every attempt (it may only grow at
+ * its end): a stored name met as another kind of call, or another name in
+ * a stored call's place, fails the run with `non-determinism`, for good.
+ * Names are 1–200 characters, without `#` or control characters.
+ */
+export interface DurableContext {
+  /**
+   * Runs `fn` once per run: its result (JSON, at most RUN_STEP_MAX_BYTES)
+   * is stored when it returns, and every later attempt gets the stored
+   * result without calling `fn`. What it returns is the stored JSON (a Date
+   * comes back as a string, undefined as null), on the first call as on a
+   * replay. A worker that dies while `fn` runs calls it again on the next
+   * attempt: make its side effects idempotent with `ctx.stepKey`.
+   */
+  step<T>(name: string, fn: (stepKey: string) => Promise<T> | T, options?: StepOptions): Promise<T>;
+  /**
+   * `<tenant>:<run_id>:<name>` of the step whose `fn` is running (read it
+   * inside `fn`, also after an await): the same on every attempt, an
+   * idempotency key for the APIs the step calls. Read outside a step's `fn`,
+   * it throws a TypeError.
+   */
+  readonly stepKey: string;
+  /**
+   * Resolves once `ms` have passed since the first call (its end is computed
+   * once, by Postgres' clock, and stored). A sleep with more than
+   * WORKER_SUSPEND_AFTER_MS left suspends the run: its worker slot, lease
+   * and concurrency slot are given back, and the run is resumed by any
+   * worker hosting its version at its end.
+   */
+  sleep(name: string, ms: number): Promise<void>;
+  /** `sleep` until `until` (a Date or an RFC 3339 time). */
+  sleepUntil(name: string, until: Date | string): Promise<void>;
+  /**
+   * The first unconsumed signal `name` sent to this run, including one sent
+   * before the wait started (signals are kept until a wait consumes them);
+   * or null once `timeout` has passed. Each signal is returned to one wait
+   * only. A wait longer than WORKER_SUSPEND_AFTER_MS suspends the run until
+   * the signal arrives (or the timeout).
+   */
+  waitForSignal<T = unknown>(
+    name: string,
+    options?: WaitForSignalOptions,
+  ): Promise<Signal<T> | null>;
+}
