@@ -186,6 +186,16 @@ export interface SignalRequest {
   signal_id?: string | null;
 }
 
+/**
+ * A message of `poimen.<tenant>.signals`, keyed `<tenant>/<run_id>`: the
+ * inbox relay sends it as `POST /v1/runs/{run_id}/signals`, with the
+ * `signal_id` `kafka:<topic>/<partition>/<offset>` when it has none.
+ */
+export interface SignalMessage extends SignalRequest {
+  /** The run the signal is for. */
+  run_id: string;
+}
+
 /** A signal as the run's mailbox holds it. */
 export interface SignalReceipt {
   /** The run it was sent to. */
