@@ -47,7 +47,12 @@ import {
   RELAY_SIGNAL_ID_PREFIX,
   SignalMessage as SignalMessageSchema,
 } from "../contracts/signals.ts";
-import type { ProblemFieldError, RunRequest, SignalMessage } from "../contracts/wire.ts";
+import type {
+  ProblemFieldError,
+  RunRequest,
+  SignalMessage,
+  SignalRequest,
+} from "../contracts/wire.ts";
 import { ERRORS } from "../core/errors.ts";
 import {
   dispatchMessageKey,
@@ -70,6 +75,7 @@ export type {
   RunRequest,
   SaslMechanism,
   SignalMessage,
+  SignalRequest,
 };
 
 /** Options of `new DispatchPublisher`. */
