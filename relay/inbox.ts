@@ -80,6 +80,7 @@ type Partition = PartitionState<ConsumedMessage>;
 type RelayJob = Job<ConsumedMessage>;
 
 const STOP = Symbol("stop");
+const FAILED = { dispatch: "admission failed, retrying", signal: "signal failed, retrying" };
 
 /** The inbox relay as a `Service`: `start()` begins draining, `stop()` is graceful. */
 export class InboxRelay implements Service {
@@ -424,9 +425,9 @@ export class InboxRelay implements Service {
         // Loud on purpose: only an operator can fix the token or the tenant.
         this.#log.error("the API refuses the relay's credentials; retrying, not skipping", fields);
       } else if (attempt <= 3 || attempt % 10 === 0) {
-        this.#log.warn(`${prepared.kind} failed, retrying`, fields);
+        this.#log.warn(FAILED[prepared.kind], fields);
       } else {
-        this.#log.debug(`${prepared.kind} failed, retrying`, fields);
+        this.#log.debug(FAILED[prepared.kind], fields);
       }
       waitCancelled ??= AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
       await delay(wait, waitCancelled);
