@@ -26,7 +26,8 @@ export const SignalRequest = z.strictObject({
   signal_id: z.string().min(1).max(255).regex(PRINTABLE, "printable characters only").nullable()
     .optional().describe(
       "The signal's identity: the same (run, name, signal_id) is one signal, and sending it " +
-        "again is a replay (200). 1-255 printable characters; absent: each call a new signal",
+        "again is a replay (200). 1-255 printable characters; absent: each call a new signal. " +
+        "The prefix `kafka:` is reserved to the inbox relay",
     ),
 });
 export type SignalRequest = z.infer<typeof SignalRequest>;

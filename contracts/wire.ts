@@ -182,6 +182,7 @@ export interface SignalRequest {
   /**
    * Its identity: the same (run, name, signal_id) is one signal, sent again
    * a replay. 1-255 printable characters; absent: a new signal each call.
+   * The prefix `kafka:` is reserved to the inbox relay.
    */
   signal_id?: string | null;
 }
