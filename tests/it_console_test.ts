@@ -487,7 +487,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "console: a person sends a run a signal from its page: 201, then 200 for the same id, 422 refused, bad JSON not sent",
+    "console: a person sends a run a signal from its page: 201, then 200 for the same id, 422 refused, bad JSON not sent, 409 once the run ended",
   ...BROWSER_TEST,
   async fn() {
     await using s = await setUp("signals");
@@ -537,6 +537,22 @@ Deno.test({
     said = await send("approval", "{ok: yes", "", "invalid");
     assert.match(said, /^Not sent: the payload is not JSON/);
     assert.equal(await outcome.getAttribute("data-http-status"), "0");
+    assert.equal(await stored(), 1);
+
+    // The run ends while the page, not following it (stream blocked), still
+    // offers the form: 409, said as such.
+    await page.route("**/console/live/runs/**", (route) => route.abort());
+    await page.reload();
+    await page.locator("#live[data-state=off]").waitFor();
+    const cancelled = await fetch(`${s.api.url}/v1/runs/${runId}/cancel`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${s.token}` },
+    });
+    assert.equal(cancelled.status, 200, await cancelled.text());
+    assert.equal(await s.status(runId), "cancelled");
+    said = await send("approval", "{}", "", "refused");
+    assert.match(said, /^Refused \(409\): the run is finished/);
+    assert.equal(await outcome.getAttribute("data-http-status"), "409");
     assert.equal(await stored(), 1);
 
     assert.equal(await page.locator("script").count(), 1, "no injected script element");
