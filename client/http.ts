@@ -104,6 +104,11 @@ export type {
   RunRetryingPayload,
   RunStartedPayload,
   RunSucceededPayload,
+  RunWaitingPayload,
+  RunWokenPayload,
+  SignalReceivedPayload,
+  StepCompletedPayload,
+  StepFailedPayload,
 } from "../contracts/wire.ts";
 export type * from "./options.ts";
 export {
