@@ -121,6 +121,7 @@ export {
 } from "./workflow_runs.ts";
 export type {
   Schema,
+  SignalSchemas,
   WorkflowDefinition,
   WorkflowInput,
   WorkflowResult,

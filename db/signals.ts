@@ -96,7 +96,9 @@ const FINAL: ReadonlySet<string> = new Set(["succeeded", "failed", "cancelled"])
  * `run.woken` `{by: 'signal', reason, name, signal_id}`, its lane or
  * concurrency group moved as any statement that queues a run moves them.
  * A (name, signal_id) already stored is a replay (whatever the run's status
- * now); a new signal for a final run is refused (`final`). Two statements in
+ * now); a new signal for a final run is refused (`final`). `check`, given
+ * the run's workflow version under the lock, throws to refuse the signal
+ * (its payload against the version's schema) before anything is written. Two statements in
  * one transaction, the first taking the run's row lock (see the module
  * comment).
  */
@@ -105,10 +107,13 @@ export async function sendSignal(
   tenantId: string,
   runId: string,
   signal: { name: string; signal_id: string; payload: unknown },
+  check?: (run: { workflow_name: string; workflow_version: number }) => void,
 ): Promise<SignalOutcome> {
   return await inTransaction(sql, async (t) => {
     const run = await lockRunForSignal(t, tenantId, runId);
     if (!run) return { outcome: "no-run" } as const;
+    // The payload against the run's version (it throws to refuse: nothing is written).
+    check?.(run);
     const wake = run.status === "waiting" && run.wait_reason === "signal" &&
       run.wait_name === signal.name;
     return await storeSignal(t, tenantId, runId, signal, {
@@ -125,9 +130,15 @@ export async function sendSignal(
  */
 async function lockRunForSignal(sql: Sql, tenantId: string, runId: string) {
   const [row] = await sql<
-    { status: RunStatus; wait_reason: string | null; wait_name: string | null }[]
+    {
+      status: RunStatus;
+      wait_reason: string | null;
+      wait_name: string | null;
+      workflow_name: string;
+      workflow_version: number;
+    }[]
   >`
-    select status, wait_reason, wait_name from runs
+    select status, wait_reason, wait_name, workflow_name, workflow_version from runs
      where tenant_id = ${tenantId} and run_id = ${runId}
        for no key update`;
   return row;
