@@ -6,7 +6,7 @@
  * follow-up `SELECT`). Idempotency is the unique index's alone: no
  * check-then-insert, no hash of the body; no `dispatch_key`, no dedup.
  */
-import { PoimenError } from "../core/errors.ts";
+import { type FieldError, PoimenError } from "../core/errors.ts";
 import { delay } from "../core/time.ts";
 import { newRunId } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
@@ -125,6 +125,22 @@ export class Admission {
       spareAfterMs: SPARE_FLUSH_AFTER_MS,
       onFlush: hooks.onFlush,
     }, (err) => !isUnavailable(err));
+  }
+
+  /**
+   * The failing fields (paths under `payload`) of signal `name`'s payload,
+   * for a run of `workflow@version` of `tenant`, against the schema that
+   * version declares for it; undefined when it passes, the version declares
+   * no signal of that name, or the version is not known here yet.
+   */
+  signalProblems(
+    tenant: string,
+    run: { workflow_name: string; workflow_version: number },
+    name: string,
+    payload: unknown,
+  ): FieldError[] | undefined {
+    const ref = `${run.workflow_name}@${run.workflow_version}`;
+    return this.#workflows.resolve(ref, tenant)?.validateSignal(name, payload);
   }
 
   /** Admits one run; resolves with the created run or the one holding its dispatch key. */

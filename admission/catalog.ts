@@ -41,6 +41,12 @@ export interface AdmissionVersion {
   tenants: TenantScope | null;
   /** The input's failing fields (paths under `input`), or undefined when it is valid. */
   validate(input: unknown): FieldError[] | undefined;
+  /**
+   * Signal `name`'s payload's failing fields (paths under `payload`) against
+   * the schema the version declares for it (migration 023); undefined when
+   * it is valid or the version declares no signal of that name.
+   */
+  validateSignal(name: string, payload: unknown): FieldError[] | undefined;
 }
 
 /** How admission finds a workflow version. */
@@ -69,6 +75,9 @@ const ajv = new Ajv2020({ allErrors: true, strict: false, validateFormats: false
 /** Compiles one catalog version (throws when its schema is not valid JSON Schema). */
 export function compileVersion(v: CatalogVersion): AdmissionVersion {
   const check: ValidateFunction = ajv.compile(v.input_schema);
+  const signals = new Map(
+    Object.entries(v.signal_schemas ?? {}).map(([name, schema]) => [name, ajv.compile(schema)]),
+  );
   let tenants: TenantScope | null = null;
   if (v.tenants != null) {
     const parsed = parseTenantScope(v.tenants);
@@ -85,14 +94,19 @@ export function compileVersion(v: CatalogVersion): AdmissionVersion {
     tenants,
     validate(input) {
       if (check(input)) return undefined;
-      return (check.errors ?? []).slice(0, MAX_REPORTED).map(fieldError);
+      return (check.errors ?? []).slice(0, MAX_REPORTED).map((e) => fieldError(e, "input"));
+    },
+    validateSignal(name, payload) {
+      const checkSignal = signals.get(name);
+      if (checkSignal === undefined || checkSignal(payload)) return undefined;
+      return (checkSignal.errors ?? []).slice(0, MAX_REPORTED).map((e) => fieldError(e, "payload"));
     },
   };
 }
 
-/** A failing field as problem+json reports it: `input.<path>`, ajv's message. */
-function fieldError(e: ErrorObject): FieldError {
-  const path: (string | number)[] = ["input"];
+/** A failing field as problem+json reports it: `<root>.<path>`, ajv's message. */
+function fieldError(e: ErrorObject, root: "input" | "payload"): FieldError {
+  const path: (string | number)[] = [root];
   for (const segment of e.instancePath.split("/").slice(1)) {
     const key = segment.replaceAll("~1", "/").replaceAll("~0", "~");
     path.push(/^(0|[1-9][0-9]*)$/.test(key) ? Number(key) : key);

@@ -246,7 +246,9 @@ export const ROUTES: Route[] = [
       "waiting for it is woken (`queued`) in the same transaction. The same (run, name, " +
       "signal_id) is one signal: sending it again is a replay (200, `Idempotent-Replayed`), " +
       "also once the run is final. A new signal to a final run (`succeeded`, `failed`, " +
-      "`cancelled`) is a 409 `run-finished` naming its status in `run_status`.",
+      "`cancelled`) is a 409 `run-finished` naming its status in `run_status`. A payload that " +
+      "fails the schema the run's version declares for the signal is a 422 `validation` naming " +
+      "the fields (`payload.…`); a signal the version does not declare takes any JSON.",
     auth: true,
     params: RUN_ID,
     headers: TENANT_HEADER,

@@ -5,7 +5,9 @@
  * the wait it arrived; a run waiting for it is woken in the same
  * transaction (db/signals.ts). 201 for a new signal, 200 with
  * `Idempotent-Replayed: true` for one seen before, 409 `run-finished` for
- * a final run, 404 for no such run (another tenant's included). A
+ * a final run, 404 for no such run (another tenant's included), 422 for a
+ * payload that fails the schema the run's version declares for the signal
+ * (`signals` of `defineWorkflow`, migration 023), naming the field. A
  * `signal_id` with the relay's prefix `kafka:` is a 422, unless a service
  * token sends it as its own `Poimen-Source`, as the inbox relay does for a
  * signal message without an id (as dispatch keys, api/runs.ts).
@@ -15,6 +17,7 @@ import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
+import type { Admission } from "../admission/admit.ts";
 import { sendSignal } from "../db/signals.ts";
 import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { HEADERS } from "../contracts/runs.ts";
@@ -26,6 +29,8 @@ import { parseJsonBody, parseWith } from "./request.ts";
 /** What the signal route needs. */
 export interface SignalDeps {
   sql: Sql;
+  /** Checks a payload against the schema the run's version declares for its signal. */
+  admission: Pick<Admission, "signalProblems">;
   metrics: ApiMetrics;
   log: Logger;
   /** The body's read timeout (BODY_READ_TIMEOUT_MS). */
@@ -42,10 +47,19 @@ export async function answerSignal(deps: SignalDeps, c: Context<ApiEnv>): Promis
   if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
   // Without an id, each call is a new signal (as a run without a dispatch key).
   const signalId = body.signal_id ?? crypto.randomUUID();
+  const payload = body.payload ?? null;
   const sent = await sendSignal(deps.sql, tenantId, runId, {
     name: body.name,
     signal_id: signalId,
-    payload: body.payload ?? null,
+    payload,
+  }, (run) => {
+    const errors = deps.admission.signalProblems(tenantId, run, body.name, payload);
+    if (errors) {
+      const of = `${run.workflow_name}@${run.workflow_version}`;
+      throw new PoimenError("validation", `signal ${body.name}: payload does not match ${of}`, {
+        errors,
+      });
+    }
   });
   if (sent.outcome === "no-run") throw new PoimenError("not-found", `no run ${runId}`);
   if (sent.outcome === "final") {

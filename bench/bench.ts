@@ -25,7 +25,10 @@
  *   (spread_section.ts), one key's due runs behind 1,000 and 10,000 not-due
  *   groups (idle_groups_section.ts), claim latency and buffers at 1M queued
  *   (claim_cost_section.ts) and a soak with autovacuum on (soak_section.ts),
- *   the last two on a Postgres the bench starts itself (own_postgres.ts).
+ *   the last two on a Postgres the bench starts itself (own_postgres.ts);
+ * - durable runs (issue 30): runs of ten steps beside plain runs, and the
+ *   delay from a signal to the step after the wait beside admission to the
+ *   end of a plain run (durable_section.ts).
  *
  * Each section has its module (http_admission.ts with pgbench_insert.ts and
  * queue_competitors.ts, growth_section.ts, worker_section.ts,
@@ -48,6 +51,7 @@ import { spreadSection } from "./spread_section.ts";
 import { idleGroupsSection } from "./idle_groups_section.ts";
 import { claimCostSection } from "./claim_cost_section.ts";
 import { soakSection } from "./soak_section.ts";
+import { durableSection } from "./durable_section.ts";
 import { SHAPE_SECTIONS, type ShapeConfig } from "./run_context.ts";
 import { report } from "./report_writer.ts";
 
@@ -159,6 +163,10 @@ async function main({ quick, only, shape }: BenchArgs) {
     if (ctx.wanted("relay")) {
       log("relay");
       await relaySection(ctx, admin);
+    }
+    if (ctx.wanted("durable")) {
+      log("durable runs: steps and resume latency");
+      await durableSection(ctx, admin);
     }
     if (ctx.wanted("soak")) {
       log("soak with autovacuum on (own Postgres)");

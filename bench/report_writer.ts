@@ -8,6 +8,7 @@ import { type BenchContext, CONNS, type Figure, REPLAY_KEYS } from "./run_contex
 import { cpuModel } from "./machine_facts.ts";
 import { waitReport } from "./wait_section.ts";
 import { queueShapeReport } from "./queue_shape_report.ts";
+import { durableReport } from "./durable_section.ts";
 
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -208,6 +209,7 @@ export async function report(
     table("worker", false),
     ``,
     ...queueShapeReport(ctx),
+    ...durableReport(ctx),
     ...waitReport(ctx),
     `## Inbox relay`,
     ``,

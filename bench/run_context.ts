@@ -16,6 +16,7 @@ export const SECTIONS = [
   "claim",
   "wait",
   "relay",
+  "durable",
   "soak",
 ] as const;
 /** The sections of issue 28's measurements, which need no competitor's tools. */

@@ -49,6 +49,7 @@ import {
   type RunPage,
   type RunRequest,
   type RunStatus,
+  type SignalRequest,
   type WaitingFor,
 } from "../contracts/wire.ts";
 import { SECOND } from "../core/time.ts";
@@ -57,11 +58,11 @@ import {
   type ApiAnswer,
   PoimenNetworkError,
   PoimenProblem,
-  problemFromAnswer,
   refusedForNow,
   type SendInit,
-  unexpectedAnswer,
 } from "./problems.ts";
+import { jsonAnswer, runsQuery, sendRequest } from "./transport.ts";
+import { sendSignal, type SignalResult } from "./signal.ts";
 import {
   type RequestOptions,
   retrying,
@@ -104,6 +105,11 @@ export type {
   RunRetryingPayload,
   RunStartedPayload,
   RunSucceededPayload,
+  RunWaitingPayload,
+  RunWokenPayload,
+  SignalReceivedPayload,
+  StepCompletedPayload,
+  StepFailedPayload,
 } from "../contracts/wire.ts";
 export type * from "./options.ts";
 export {
@@ -115,6 +121,7 @@ export {
 } from "./workflow_runs.ts";
 export type {
   Schema,
+  SignalSchemas,
   WorkflowDefinition,
   WorkflowInput,
   WorkflowResult,
@@ -354,14 +361,7 @@ export class PoimenClient {
   ): AsyncGenerator<RunPage, void, undefined> {
     let cursor = filter.cursor;
     do {
-      const query = new URLSearchParams();
-      if (filter.goal_id !== undefined) query.set("goal_id", filter.goal_id);
-      if (filter.dispatch_key !== undefined) query.set("dispatch_key", filter.dispatch_key);
-      if (filter.status !== undefined) query.set("status", filter.status);
-      if (filter.limit !== undefined) query.set("limit", String(filter.limit));
-      if (cursor !== undefined) query.set("cursor", cursor);
-      if (filter.fields?.length) query.set("fields", filter.fields.join(","));
-      const url = `${this.#runsUrl}?${query}`;
+      const url = `${this.#runsUrl}?${runsQuery(filter, cursor)}`;
       const { value } = await this.#retrying(opts, transient, (s) => this.#call("GET", url, s));
       const page = value.json as RunPage;
       yield page;
@@ -379,6 +379,32 @@ export class PoimenClient {
     const url = `${this.#runsUrl}/${encodeURIComponent(runId)}/cancel`;
     const { value } = await this.#retrying(opts, transient, (s) => this.#call("POST", url, s));
     return value.json as Run;
+  }
+
+  /**
+   * Sends signal `body.name` (with `payload`) to run `runId`
+   * (`POST /v1/runs/{id}/signals`): resolves once the run's mailbox holds
+   * it (a wait of its handler takes it; a run waiting for it is woken), with
+   * `created` (this call stored it) and `replayed` (the API had this
+   * `signal_id` already). One `signal_id` (given, or generated per call)
+   * goes with every attempt, so network errors, 408, 429 and 5xx are
+   * retried and the call makes at most one signal. Rejects with a
+   * `PoimenProblem` (404 `not-found`; 409 `run-finished`: the run is final;
+   * 422 `validation`), a `PoimenNetworkError` once retries are spent, or
+   * the signal's reason.
+   *
+   * ```ts
+   * await poimen.signal(runId, { name: "approval", payload: { ok: true } });
+   * ```
+   */
+  signal(runId: string, body: SignalRequest, opts: RequestOptions = {}): Promise<SignalResult> {
+    const url = `${this.#runsUrl}/${encodeURIComponent(runId)}/signals`;
+    const headers = { "content-type": "application/json" };
+    return sendSignal(
+      body,
+      (json) =>
+        this.#retrying(opts, transient, (s) => this.#call("POST", url, s, { headers, body: json })),
+    );
   }
 
   /** Runs `attempt` until it succeeds, `retry` says no, or the attempts, deadline or signal end it. */
@@ -400,52 +426,22 @@ export class PoimenClient {
    * status, read to the end; rejects with a `PoimenNetworkError` when none
    * came, or with the signal's reason.
    */
-  async send(method: string, path: string, init: SendInit = {}): Promise<ApiAnswer> {
-    const url = this.#baseUrl + path;
-    let response: Response;
-    let text: string;
-    try {
-      response = await this.#fetch(url, {
-        method,
-        headers: init.headers ? { ...this.#headers, ...init.headers } : this.#headers,
-        // A Kafka value or a caller's buffer never sits on a SharedArrayBuffer.
-        body: init.body as string | Uint8Array<ArrayBuffer> | undefined,
-        // A redirected POST would come back as a GET: report it instead.
-        redirect: "manual",
-        signal: init.signal,
-      });
-      // Read to the end, also on errors, so the connection can be reused.
-      text = await response.text();
-    } catch (err) {
-      if (init.signal?.aborted) throw init.signal.reason;
-      const message = err instanceof Error ? err.message : String(err);
-      throw new PoimenNetworkError("network", `${method} ${url}: ${message}`, { cause: err });
-    }
-    return { status: response.status, headers: response.headers, text };
+  send(method: string, path: string, init: SendInit = {}): Promise<ApiAnswer> {
+    return sendRequest(this.#fetch, this.#baseUrl + path, this.#headers, method, init);
   }
 
   /** One attempt: resolves with a 2xx answer and its JSON, rejects with the error it came to. */
-  async #call(
+  #call(
     method: "GET" | "POST",
     url: string,
     signal: AbortSignal,
     extra: { headers?: Record<string, string>; body?: string } = {},
   ): Promise<{ answer: ApiAnswer; json: unknown }> {
-    let answer: ApiAnswer;
-    try {
-      answer = await this.send(method, url.slice(this.#baseUrl.length), { ...extra, signal });
-    } catch (err) {
-      // The caller tells a timeout from its own abort; both are "no answer" here.
-      if (err instanceof PoimenNetworkError || !signal.aborted) throw err;
-      throw new PoimenNetworkError("network", `${method} ${url}: aborted`, { cause: err });
-    }
-    if (answer.status >= 200 && answer.status < 300) {
-      try {
-        return { answer, json: JSON.parse(answer.text) };
-      } catch (err) {
-        throw unexpectedAnswer(answer, "the answer is not JSON", err);
-      }
-    }
-    throw problemFromAnswer(answer);
+    const path = url.slice(this.#baseUrl.length);
+    return jsonAnswer(
+      `${method} ${url}`,
+      signal,
+      () => this.send(method, path, { ...extra, signal }),
+    );
   }
 }

@@ -1,65 +1,67 @@
 /**
- * Sending a signal to a run (`POST /v1/runs/{id}/signals`) with a
- * `PoimenClient`: a function beside the client's methods, over its public
- * `send`. The signal's id is generated once per call when not given, so a
- * retry (network errors, 408, 429, 5xx) is a replay of the same signal,
- * never a second one.
+ * Sending a signal to a run (`POST /v1/runs/{id}/signals`): what
+ * `PoimenClient.signal` does, and `signalRun`, the same as a function. The
+ * signal's id is generated once per call when not given, so a retry
+ * (network errors, 408, 429, 5xx) is a replay of the same signal, never a
+ * second one.
  *
  * ```ts
- * import { PoimenClient, signalRun } from "@poimen/poimen/client";
+ * import { PoimenClient } from "@poimen/poimen/client";
  *
  * const poimen = new PoimenClient({ url, token });
- * await signalRun(poimen, runId, { name: "approval", payload: { ok: true } });
+ * await poimen.signal(runId, { name: "approval", payload: { ok: true } });
  * ```
+ *
+ * @module
  */
 import { HEADERS, type SignalReceipt, type SignalRequest } from "../contracts/wire.ts";
 import type { PoimenClient } from "./http.ts";
-import { problemFromAnswer, unexpectedAnswer } from "./problems.ts";
-import { type RequestOptions, retrying, transient } from "./retry.ts";
+import type { ApiAnswer } from "./problems.ts";
+import type { RequestOptions } from "./retry.ts";
 
-/** What `signalRun` came to. */
+/** What sending a signal came to. */
 export interface SignalResult {
-  /** The signal as the run's mailbox holds it. */
+  /** The signal as the run's mailbox holds it (its `signal_id`: the one sent, or generated). */
   signal: SignalReceipt;
-  /** The API stored it now (201); false: it had it already (200, `Idempotent-Replayed`). */
+  /**
+   * This call stored it: a 201, or, with a `signal_id` the call generated, a
+   * 200 replay of its own earlier attempt (whose answer was lost).
+   */
   created: boolean;
+  /** The API had this (name, `signal_id`) already (200, `Idempotent-Replayed`). */
+  replayed: boolean;
 }
 
-// The client's default per-attempt timeout.
-const TIMEOUT_MS = 30_000;
+/**
+ * Sends `body` with one `signal_id` for every attempt: `post` makes the
+ * retried call with the JSON body it is given and resolves with its 2xx
+ * answer (`PoimenClient.signal` passes its retrying request).
+ */
+export async function sendSignal(
+  body: SignalRequest,
+  post: (json: string) => Promise<{ value: { answer: ApiAnswer; json: unknown } }>,
+): Promise<SignalResult> {
+  const generated = body.signal_id === undefined || body.signal_id === null;
+  // One id for every attempt: a retry is a replay, not a second signal.
+  const request = { ...body, signal_id: generated ? crypto.randomUUID() : body.signal_id };
+  const { value: { answer, json } } = await post(JSON.stringify(request));
+  const replayed = answer.headers.get(HEADERS.replayed) === "true";
+  return {
+    signal: json as SignalReceipt,
+    created: answer.status === 201 || (generated && answer.status === 200),
+    replayed,
+  };
+}
 
 /**
- * Sends signal `body.name` to run `runId` of the client's tenant. Resolves
- * when the run's mailbox holds it (a wait of the run's handler takes it, and
- * a run waiting for it is woken); rejects with a `PoimenProblem`: 404
- * `not-found` (no such run), 409 `run-finished` (the run is final: a new
- * signal is refused), 422 `validation`; or a `PoimenNetworkError` once
- * retries are spent, or the signal's reason.
+ * Sends signal `body.name` to run `runId` of the client's tenant: the same
+ * as `client.signal(runId, body, opts)`, which see.
  */
-export async function signalRun(
+export function signalRun(
   client: PoimenClient,
   runId: string,
   body: SignalRequest,
   opts: RequestOptions = {},
 ): Promise<SignalResult> {
-  // One id for every attempt: a retry is a replay, not a second signal.
-  const request = { ...body, signal_id: body.signal_id ?? crypto.randomUUID() };
-  const path = `/v1/runs/${encodeURIComponent(runId)}/signals`;
-  const { value } = await retrying(opts, {}, TIMEOUT_MS, transient, async (signal) => {
-    const answer = await client.send("POST", path, {
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify(request),
-      signal,
-    });
-    if (answer.status !== 200 && answer.status !== 201) throw problemFromAnswer(answer);
-    try {
-      return {
-        signal: JSON.parse(answer.text) as SignalReceipt,
-        created: answer.status === 201 && answer.headers.get(HEADERS.replayed) !== "true",
-      };
-    } catch (err) {
-      throw unexpectedAnswer(answer, "the answer is not JSON", err);
-    }
-  });
-  return value;
+  return client.signal(runId, body, opts);
 }

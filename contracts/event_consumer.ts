@@ -34,6 +34,11 @@ export type {
   RunRetryingPayload,
   RunStartedPayload,
   RunSucceededPayload,
+  RunWaitingPayload,
+  RunWokenPayload,
+  SignalReceivedPayload,
+  StepCompletedPayload,
+  StepFailedPayload,
   TypedPayload,
 } from "./event_types.ts";
 export { FINAL_EVENT_TYPES, RUN_EVENT_TYPES } from "./event_types.ts";

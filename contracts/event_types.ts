@@ -111,6 +111,80 @@ export interface RunCancelledPayload {
   worker: string | null;
 }
 
+/** `run.waiting`: the run suspended (a long sleep or signal wait): its lease, slot and attempt given back. */
+export interface RunWaitingPayload {
+  /** The attempt that suspended (the claim that resumes the run counts it again). */
+  attempt: number;
+  /** What it waits for: its sleep's end, or a signal. */
+  reason: "sleep" | "signal";
+  /** A sleep's step name; a wait's signal name. */
+  name: string;
+  /** The step name of the call that waits (`approval`, `approval#2`…). */
+  step: string;
+  /** Its deadline (a sleep's end, a wait's timeout); null: none (a wait without a timeout). */
+  until: string | null;
+}
+
+/** `run.woken`: a waiting run is queued again, due now. */
+export interface RunWokenPayload {
+  /** What woke it: its signal, or its deadline (a sleep's end, a wait's timeout). */
+  by: "signal" | "deadline";
+  /** What it waited for, as `run.waiting` said. */
+  reason: "sleep" | "signal";
+  /** A sleep's step name; a wait's signal name. */
+  name: string;
+  /** The signal that woke it; null when its deadline did. */
+  signal_id: string | null;
+}
+
+/**
+ * `step.completed`: a durable call's result was stored (by the attempt
+ * holding the lease): a step returned, a sleep ended, a wait took its
+ * signal or timed out. The result itself is never in the event (`size`).
+ */
+export interface StepCompletedPayload {
+  /** The call's step name. */
+  name: string;
+  /** Its place in the run's calls, 1, 2, 3… */
+  seq: number;
+  /** What call it is: `ctx.step`, `ctx.sleep`/`sleepUntil`, `ctx.waitForSignal`. */
+  kind: "step" | "sleep" | "signal";
+  /** The stored result's size as JSON, in bytes (0 for a sleep). */
+  size: number;
+  /** The attempt that stored it. */
+  attempt: number;
+  /** A step's duration, its last try; null for a sleep or a wait. */
+  duration_ms: number | null;
+  /** A sleep's end or a wait's timeout; null for a step, or a wait without a timeout. */
+  until: string | null;
+  /** The signal a wait took; null otherwise (a step, a sleep, a wait that timed out). */
+  signal_id: string | null;
+  /** A wait's: true when it timed out (its result null); null for a step or a sleep. */
+  timed_out: boolean | null;
+}
+
+/** `step.failed`: a step threw on its last try; its error is thrown in the handler. */
+export interface StepFailedPayload {
+  /** The step's name. */
+  name: string;
+  /** Its place in the run's calls. */
+  seq: number;
+  /** The attempt whose step failed. */
+  attempt: number;
+  /** How many times it was tried in this attempt. */
+  tries: number;
+  /** Its last error. */
+  error: RunError;
+}
+
+/** `signal.received`: a new signal was stored in the run's mailbox (not on a replay). */
+export interface SignalReceivedPayload {
+  /** The signal's name. */
+  name: string;
+  /** Its identity: the sender's, or one the API made. */
+  signal_id: string;
+}
+
 /** Each event type's payload, by type. */
 export interface RunEventPayloads {
   /** The run was made (seq 1). */
@@ -127,6 +201,16 @@ export interface RunEventPayloads {
   "run.released": RunReleasedPayload;
   /** Cancelled (final). */
   "run.cancelled": RunCancelledPayload;
+  /** Suspended: a long sleep or signal wait. */
+  "run.waiting": RunWaitingPayload;
+  /** Woken: queued again by its signal or deadline. */
+  "run.woken": RunWokenPayload;
+  /** A durable call's result was stored. */
+  "step.completed": StepCompletedPayload;
+  /** A step threw on its last try. */
+  "step.failed": StepFailedPayload;
+  /** A new signal was stored in the run's mailbox. */
+  "signal.received": SignalReceivedPayload;
 }
 
 /** An event type poimen writes. */
@@ -135,7 +219,12 @@ export type RunEventType = keyof RunEventPayloads;
 /** Every event type, in the order a run may meet them. */
 export const RUN_EVENT_TYPES: readonly RunEventType[] = [
   "run.admitted",
+  "signal.received",
   "run.started",
+  "step.completed",
+  "step.failed",
+  "run.waiting",
+  "run.woken",
   "run.succeeded",
   "run.retrying",
   "run.failed",

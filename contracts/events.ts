@@ -23,6 +23,7 @@ const timestamp = () => z.iso.datetime({ offset: true });
 const present = () => z.custom<unknown>((v) => v !== undefined, "required");
 const attempt = () => z.number().int().nonnegative();
 
+const waitReason = z.enum(["sleep", "signal"]);
 const runError = z.looseObject({ message: z.string(), code: z.string().optional() });
 
 // The payloads, unannotated (their inferred types are checked against the
@@ -53,6 +54,38 @@ const payloads = {
     reason: z.string().nullable(),
     worker: z.string().nullable(),
   }),
+  "run.waiting": z.strictObject({
+    attempt: attempt(),
+    reason: waitReason,
+    name: z.string(),
+    step: z.string(),
+    until: timestamp().nullable(),
+  }),
+  "run.woken": z.strictObject({
+    by: z.enum(["signal", "deadline"]),
+    reason: waitReason,
+    name: z.string(),
+    signal_id: z.string().nullable(),
+  }),
+  "step.completed": z.strictObject({
+    name: z.string(),
+    seq: z.number().int().min(1),
+    kind: z.enum(["step", "sleep", "signal"]),
+    size: z.number().int().nonnegative(),
+    attempt: attempt(),
+    duration_ms: z.number().int().nonnegative().nullable(),
+    until: timestamp().nullable(),
+    signal_id: z.string().nullable(),
+    timed_out: z.boolean().nullable(),
+  }),
+  "step.failed": z.strictObject({
+    name: z.string(),
+    seq: z.number().int().min(1),
+    attempt: attempt(),
+    tries: z.number().int().min(1),
+    error: runError,
+  }),
+  "signal.received": z.strictObject({ name: z.string(), signal_id: z.string() }),
 };
 
 /** Each event type's payload schema, strict: an unknown key or a missing one fails. */
@@ -84,6 +117,11 @@ const typedPayload = z.discriminatedUnion("type", [
   typed("run.failed", {}),
   typed("run.released", {}),
   typed("run.cancelled", {}),
+  typed("run.waiting", {}),
+  typed("run.woken", {}),
+  typed("step.completed", {}),
+  typed("step.failed", {}),
+  typed("signal.received", {}),
 ]);
 
 const eventMessage = z.discriminatedUnion("type", [
@@ -94,6 +132,11 @@ const eventMessage = z.discriminatedUnion("type", [
   typed("run.failed", ENVELOPE),
   typed("run.released", ENVELOPE),
   typed("run.cancelled", ENVELOPE),
+  typed("run.waiting", ENVELOPE),
+  typed("run.woken", ENVELOPE),
+  typed("step.completed", ENVELOPE),
+  typed("step.failed", ENVELOPE),
+  typed("signal.received", ENVELOPE),
 ]);
 
 /** `type` and `payload` of any event: a union discriminated by `type`. */
@@ -145,7 +188,12 @@ const sameShapes: [
   Same<Parsed<"run.failed">, Plain.RunFailedPayload>,
   Same<Parsed<"run.released">, Plain.RunReleasedPayload>,
   Same<Parsed<"run.cancelled">, Plain.RunCancelledPayload>,
+  Same<Parsed<"run.waiting">, Plain.RunWaitingPayload>,
+  Same<Parsed<"run.woken">, Plain.RunWokenPayload>,
+  Same<Parsed<"step.completed">, Plain.StepCompletedPayload>,
+  Same<Parsed<"step.failed">, Plain.StepFailedPayload>,
+  Same<Parsed<"signal.received">, Plain.SignalReceivedPayload>,
   Same<z.infer<typeof typedPayload>, Plain.RunEventBody>,
   Same<z.infer<typeof eventMessage>, Plain.EventMessage>,
-] = [true, true, true, true, true, true, true, true, true];
+] = [true, true, true, true, true, true, true, true, true, true, true, true, true, true];
 void sameShapes;

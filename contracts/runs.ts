@@ -279,6 +279,11 @@ export const RunEvent = z.discriminatedUnion("type", [
   runEventOf("run.failed"),
   runEventOf("run.released"),
   runEventOf("run.cancelled"),
+  runEventOf("run.waiting"),
+  runEventOf("run.woken"),
+  runEventOf("step.completed"),
+  runEventOf("step.failed"),
+  runEventOf("signal.received"),
 ]);
 export type RunEvent = z.infer<typeof RunEvent>;
 

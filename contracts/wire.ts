@@ -20,6 +20,11 @@ export type {
   RunRetryingPayload,
   RunStartedPayload,
   RunSucceededPayload,
+  RunWaitingPayload,
+  RunWokenPayload,
+  SignalReceivedPayload,
+  StepCompletedPayload,
+  StepFailedPayload,
 } from "./event_types.ts";
 
 /** The admission request: `POST /v1/runs` body and `poimen.<tenant>.dispatch` message value. */

@@ -26,6 +26,15 @@ export interface Schema<Out = unknown, In = Out> {
   readonly _zod: { readonly output: Out; readonly input: In };
 }
 
+/** The signals a workflow declares: each signal name's payload schema (a zod 4 schema). */
+export type SignalSchemas = { readonly [name: string]: Schema };
+
+/** The payload of signal `N` of signals `S`: its schema's input side (what the API checked); unknown when undeclared. */
+export type SignalPayload<S, N extends string> = S extends {
+  readonly [K in N]: { readonly _zod: { readonly input: infer P } };
+} ? P
+  : unknown;
+
 /**
  * One version of one workflow without its handler: what `defineWorkflow`
  * returns when given no handler. A producer imports it to start runs with
@@ -36,7 +45,13 @@ export interface Schema<Out = unknown, In = Out> {
  * the handler returns it; `In` and `OIn` differ from `I` and `O` only
  * under transforms, defaults and coercions.
  */
-export interface WorkflowDefinition<I = unknown, O = unknown, In = I, OIn = O> {
+export interface WorkflowDefinition<
+  I = unknown,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = SignalSchemas,
+> {
   /** `[a-z][a-z0-9_.-]{0,99}`, e.g. `billing.invoice`. */
   readonly name: string;
   /** An integer from 1. */
@@ -55,6 +70,10 @@ export interface WorkflowDefinition<I = unknown, O = unknown, In = I, OIn = O> {
   readonly inputSchema: Readonly<Record<string, unknown>>;
   /** The output as JSON Schema (draft 2020-12, the output side), as the catalog stores it. */
   readonly outputSchema?: Readonly<Record<string, unknown>>;
+  /** The signals it declares, each name's payload schema; unset: none (any payload). */
+  readonly signals?: S;
+  /** Each declared signal's payload as JSON Schema (the input side), as the catalog stores it. */
+  readonly signalSchemas?: Readonly<Record<string, Readonly<Record<string, unknown>>>>;
 }
 
 /** What a caller sends as the input of a run of `W` (a definition): its input schema's input side. */

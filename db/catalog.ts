@@ -17,6 +17,11 @@ export interface CatalogVersion {
   input_schema: Record<string, unknown>;
   /** JSON Schema (draft 2020-12) of the result (migration 019); null: any JSON. */
   output_schema?: Record<string, unknown> | null;
+  /**
+   * The signals it declares (migration 023): signal name -> JSON Schema
+   * (draft 2020-12) of its payload; null: none declared (any payload).
+   */
+  signal_schemas?: Record<string, Record<string, unknown>> | null;
   /** null: the API's DEFAULT_MAX_ATTEMPTS. */
   max_attempts: number | null;
   /** At most this many runs running at once per group; null: not limited. */
@@ -37,8 +42,8 @@ export interface Registration {
   /** This call registered it. */
   created: boolean;
   /**
-   * It was registered before with the same definition: input and output
-   * schemas, max attempts, concurrency limit and tenants (true
+   * It was registered before with the same definition: input, output and
+   * signal schemas, max attempts, concurrency limit and tenants (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again),
    * or it was refused (`refused`).
@@ -93,9 +98,10 @@ export async function registerVersions(
       with wanted as (
         select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
             as (name text, version int, input_schema jsonb, output_schema jsonb,
-                max_attempts int, concurrency_limit int, concurrency_key text, tenants text))
+                max_attempts int, concurrency_limit int, concurrency_key text, tenants text,
+                signal_schemas jsonb))
           with ordinality as w(name, version, input_schema, output_schema, max_attempts,
-                               concurrency_limit, concurrency_key, tenants, i)
+                               concurrency_limit, concurrency_key, tenants, signal_schemas, i)
       ),
       -- Per name, the version every new one must agree with on concurrency:
       -- the current one, or for a name first registered here its newest.
@@ -120,9 +126,10 @@ export async function registerVersions(
       ),
       ins as (
         insert into workflow_versions (name, version, input_schema, output_schema, max_attempts,
-                                       concurrency_limit, concurrency_key, tenants, registered_by)
+                                       concurrency_limit, concurrency_key, tenants, signal_schemas,
+                                       registered_by)
         select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
-               concurrency_key, tenants, ${workerId}
+               concurrency_key, tenants, signal_schemas, ${workerId}
           from checked
          where agrees
         on conflict (name, version) do nothing
@@ -142,7 +149,8 @@ export async function registerVersions(
                        and v.max_attempts is not distinct from w.max_attempts
                        and v.concurrency_limit is not distinct from w.concurrency_limit
                        and v.concurrency_key is not distinct from w.concurrency_key
-                       and v.tenants is not distinct from w.tenants end as same,
+                       and v.tenants is not distinct from w.tenants
+                       and v.signal_schemas is not distinct from w.signal_schemas end as same,
              cur.name is not null as current,
              case when v.name is null and not w.agrees
                   then jsonb_build_object('version', w.agreed_version,
@@ -170,7 +178,7 @@ export interface CatalogEntry extends CatalogVersion {
 export async function selectCatalog(sql: Sql): Promise<CatalogEntry[]> {
   return await sql<CatalogEntry[]>`
     select v.name, v.version, v.input_schema, v.output_schema, v.max_attempts, v.concurrency_limit,
-           v.concurrency_key, v.tenants, c.version is not null as current
+           v.concurrency_key, v.tenants, v.signal_schemas, c.version is not null as current
       from workflow_versions v
       left join workflow_current c on c.name = v.name and c.version = v.version
      order by v.name, v.version`;

@@ -15,6 +15,11 @@ import type {
   RunRetryingPayload,
   RunStartedPayload,
   RunSucceededPayload,
+  RunWaitingPayload,
+  RunWokenPayload,
+  SignalReceivedPayload,
+  StepCompletedPayload,
+  StepFailedPayload,
 } from "../contracts/event_types.ts";
 
 /** One SQL expression per key of payload `P` (a column of the statement's CTE, a literal). */
@@ -60,7 +65,41 @@ export function cancelledPayload(e: Exprs<RunCancelledPayload>): string {
   return jsonbObject(e);
 }
 
+/** `run.waiting`: `{attempt, reason, name, step, until}`. */
+export function waitingPayload(e: Exprs<RunWaitingPayload>): string {
+  return jsonbObject(e);
+}
+
+/** `run.woken`: `{by, reason, name, signal_id}`. */
+export function wokenPayload(e: Exprs<RunWokenPayload>): string {
+  return jsonbObject(e);
+}
+
+/**
+ * `step.completed`: `{name, seq, kind, size, attempt, duration_ms, until,
+ * signal_id, timed_out}`.
+ */
+export function stepCompletedPayload(e: Exprs<StepCompletedPayload>): string {
+  return jsonbObject(e);
+}
+
+/** `step.failed`: `{name, seq, attempt, tries, error}`. */
+export function stepFailedPayload(e: Exprs<StepFailedPayload>): string {
+  return jsonbObject(e);
+}
+
+/** `signal.received`: `{name, signal_id}`. */
+export function signalReceivedPayload(e: Exprs<SignalReceivedPayload>): string {
+  return jsonbObject(e);
+}
+
 /** A SQL null of jsonb, for a payload key that is null in this statement. */
 export const NULL_JSONB = "null::jsonb";
 /** A SQL null of text, for a payload key that is null in this statement. */
 export const NULL_TEXT = "null::text";
+/** A SQL null of int, for a payload key that is null in this statement. */
+export const NULL_INT = "null::int";
+/** A SQL null of timestamptz, for a payload key that is null in this statement. */
+export const NULL_TIMESTAMP = "null::timestamptz";
+/** A SQL null of boolean, for a payload key that is null in this statement. */
+export const NULL_BOOLEAN = "null::boolean";

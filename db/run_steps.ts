@@ -11,6 +11,46 @@
  */
 import type { Sql } from "./pool.ts";
 import { EVENT_COLUMNS } from "./queue_sql.ts";
+import {
+  NULL_BOOLEAN,
+  NULL_INT,
+  NULL_TEXT,
+  NULL_TIMESTAMP,
+  stepCompletedPayload,
+  stepFailedPayload,
+} from "./event_payloads.ts";
+
+// The events, from the columns of the statements' CTEs: `u` the fenced run
+// (`upd`), `a` the call's own values, `d` a sleep's end.
+const STEP_COMPLETED = stepCompletedPayload({
+  name: "a.name",
+  seq: "a.seq",
+  kind: "'step'::text",
+  size: "a.size",
+  attempt: "u.attempts",
+  duration_ms: "a.duration_ms",
+  until: NULL_TIMESTAMP,
+  signal_id: NULL_TEXT,
+  timed_out: NULL_BOOLEAN,
+});
+const SLEEP_COMPLETED = stepCompletedPayload({
+  name: "a.name",
+  seq: "a.seq",
+  kind: "'sleep'::text",
+  size: "0",
+  attempt: "u.attempts",
+  duration_ms: NULL_INT,
+  until: "d.until",
+  signal_id: NULL_TEXT,
+  timed_out: NULL_BOOLEAN,
+});
+const STEP_FAILED = stepFailedPayload({
+  name: "a.name",
+  seq: "a.seq",
+  attempt: "u.attempts",
+  tries: "a.tries",
+  error: "a.error",
+});
 
 /** Who writes: the attempt holding the run's lease (the fencing token). */
 export interface StepFence {
@@ -65,8 +105,8 @@ export type StepWrite = "written" | "stored" | "lost";
 
 /**
  * Stores step `name`'s result (`resultJson`, JSON text of `size` bytes) as
- * completed, with `step.completed` `{name, seq, kind, size, attempt,
- * duration_ms}`. `stored` when this attempt had stored it already (a retry
+ * completed, with `step.completed` (`kind` `step`, its `duration_ms`).
+ * `stored` when this attempt had stored it already (a retry
  * of a write whose reply was lost): nothing is written twice. `lost`: the
  * attempt no longer holds the lease, nothing was written.
  */
@@ -81,7 +121,11 @@ export async function completeStep(
        where s.tenant_id = ${f.tenant_id} and s.run_id = ${f.run_id} and s.name = ${step.name}
          and s.status = 'completed')`;
   const [row] = await sql<{ written: number; stored: number }[]>`
-    with ${fencedRun(sql, f, sql`case when ${notYet} then 1 else 0 end`)},
+    with a as (
+      select ${step.name}::text as name, ${step.seq}::int as seq, ${step.size}::int as size,
+             ${Math.round(step.durationMs)}::int as duration_ms
+    ),
+    ${fencedRun(sql, f, sql`case when ${notYet} then 1 else 0 end`)},
     st as (
       insert into run_steps (tenant_id, run_id, name, seq, kind, status, result, size, attempt,
                              started_at, completed_at)
@@ -98,12 +142,9 @@ export async function completeStep(
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'step.completed', goal_id, dispatch_key,
-             jsonb_build_object('name', ${step.name}::text, 'seq', ${step.seq}::int,
-                                'kind', 'step', 'size', ${step.size}::int, 'attempt', attempts,
-                                'duration_ms', ${Math.round(step.durationMs)}::int),
-             now()
-        from upd
+      select u.tenant_id, u.run_id, u.event_seq, 'step.completed', u.goal_id, u.dispatch_key,
+             ${sql.unsafe(STEP_COMPLETED)}, now()
+        from upd u cross join a
        where ${notYet}
     )
     select (select count(*) from st)::int as written,
@@ -124,7 +165,11 @@ export async function failStep(
 ): Promise<boolean> {
   const error = sql.json(JSON.parse(JSON.stringify(step.error ?? null)));
   const [row] = await sql<{ n: number }[]>`
-    with ${fencedRun(sql, f, sql`1`)},
+    with a as (
+      select ${step.name}::text as name, ${step.seq}::int as seq, ${step.tries}::int as tries,
+             ${error}::jsonb as error
+    ),
+    ${fencedRun(sql, f, sql`1`)},
     st as (
       insert into run_steps (tenant_id, run_id, name, seq, kind, status, error, attempt)
       select tenant_id, run_id, ${step.name}, ${step.seq}, 'step', 'failed', ${error}::jsonb,
@@ -137,12 +182,9 @@ export async function failStep(
     ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'step.failed', goal_id, dispatch_key,
-             jsonb_build_object('name', ${step.name}::text, 'seq', ${step.seq}::int,
-                                'attempt', attempts, 'tries', ${step.tries}::int,
-                                'error', ${error}::jsonb),
-             now()
-        from upd
+      select u.tenant_id, u.run_id, u.event_seq, 'step.failed', u.goal_id, u.dispatch_key,
+             ${sql.unsafe(STEP_FAILED)}, now()
+        from upd u cross join a
     )
     select count(*)::int as n from upd`;
   return row.n > 0;
@@ -163,8 +205,8 @@ export interface SleepState {
 /**
  * A sleep's row: made on its first call with its end (`until`, or now +
  * `ms`: the end is computed once and stored, so a replay sleeps only what is
- * left), then completed, with `step.completed` `{name, seq, kind: 'sleep',
- * until}`, by the first call that finds its end has come.
+ * left), then completed, with `step.completed` (`kind` `sleep`, its
+ * `until`), by the first call that finds its end has come.
  */
 export async function settleSleep(
   sql: Sql,
@@ -178,6 +220,7 @@ export async function settleSleep(
       now() + ${step.ms ?? 0}::float8 * interval '1 millisecond')`;
   const [row] = await sql<{ until: Date; now: Date; done: boolean; held: boolean }[]>`
     with d as (select ${end} as until),
+    a as (select ${step.name}::text as name, ${step.seq}::int as seq),
     ${fencedRun(sql, f, sql`case when (select until from d) <= now() then 1 else 0 end`)},
     st as (
       insert into run_steps (tenant_id, run_id, name, seq, kind, status, until, size, attempt,
@@ -194,11 +237,8 @@ export async function settleSleep(
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select u.tenant_id, u.run_id, u.event_seq, 'step.completed', u.goal_id, u.dispatch_key,
-             jsonb_build_object('name', ${step.name}::text, 'seq', ${step.seq}::int,
-                                'kind', 'sleep', 'size', 0, 'attempt', u.attempts,
-                                'until', d.until),
-             now()
-        from upd u cross join d
+             ${sql.unsafe(SLEEP_COMPLETED)}, now()
+        from upd u cross join d cross join a
        where d.until <= now()
     )
     select d.until, now() as now, d.until <= now() as done, exists (select 1 from upd) as held

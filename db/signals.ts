@@ -18,6 +18,35 @@ import { inTransaction, type Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
 import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves } from "./queue_sql.ts";
 import type { StepFence } from "./run_steps.ts";
+import {
+  NULL_INT,
+  signalReceivedPayload,
+  stepCompletedPayload,
+  wokenPayload,
+} from "./event_payloads.ts";
+
+// The events, from the columns of the statements' CTEs: `a` the signal's
+// (or the wait's) own values, `u` the run (`upd`), `r` the wait's outcome
+// and result, `d` its deadline.
+const RECEIVED = signalReceivedPayload({ name: "a.name", signal_id: "a.signal_id" });
+const WOKEN_BY_SIGNAL = wokenPayload({
+  by: "'signal'::text",
+  reason: "'signal'::text",
+  name: "a.name",
+  signal_id: "a.signal_id",
+});
+const WAIT_COMPLETED = stepCompletedPayload({
+  name: "a.name",
+  seq: "a.seq",
+  kind: "'signal'::text",
+  size: "octet_length(r.result::text)",
+  attempt: "u.attempts",
+  duration_ms: NULL_INT,
+  until: "d.until",
+  // null on a timeout: its result is JSON null.
+  signal_id: "r.result ->> 'signal_id'",
+  timed_out: "r.outcome = 'timeout'",
+});
 
 // A run not woken moves no lane and no concurrency count.
 const NOT_WOKEN = "not_woken as (select 1)";
@@ -67,7 +96,9 @@ const FINAL: ReadonlySet<string> = new Set(["succeeded", "failed", "cancelled"])
  * `run.woken` `{by: 'signal', reason, name, signal_id}`, its lane or
  * concurrency group moved as any statement that queues a run moves them.
  * A (name, signal_id) already stored is a replay (whatever the run's status
- * now); a new signal for a final run is refused (`final`). Two statements in
+ * now); a new signal for a final run is refused (`final`). `check`, given
+ * the run's workflow version under the lock, throws to refuse the signal
+ * (its payload against the version's schema) before anything is written. Two statements in
  * one transaction, the first taking the run's row lock (see the module
  * comment).
  */
@@ -76,10 +107,13 @@ export async function sendSignal(
   tenantId: string,
   runId: string,
   signal: { name: string; signal_id: string; payload: unknown },
+  check?: (run: { workflow_name: string; workflow_version: number }) => void,
 ): Promise<SignalOutcome> {
   return await inTransaction(sql, async (t) => {
     const run = await lockRunForSignal(t, tenantId, runId);
     if (!run) return { outcome: "no-run" } as const;
+    // The payload against the run's version (it throws to refuse: nothing is written).
+    check?.(run);
     const wake = run.status === "waiting" && run.wait_reason === "signal" &&
       run.wait_name === signal.name;
     return await storeSignal(t, tenantId, runId, signal, {
@@ -96,9 +130,15 @@ export async function sendSignal(
  */
 async function lockRunForSignal(sql: Sql, tenantId: string, runId: string) {
   const [row] = await sql<
-    { status: RunStatus; wait_reason: string | null; wait_name: string | null }[]
+    {
+      status: RunStatus;
+      wait_reason: string | null;
+      wait_name: string | null;
+      workflow_name: string;
+      workflow_version: number;
+    }[]
   >`
-    select status, wait_reason, wait_name from runs
+    select status, wait_reason, wait_name, workflow_name, workflow_version from runs
      where tenant_id = ${tenantId} and run_id = ${runId}
        for no key update`;
   return row;
@@ -127,7 +167,8 @@ async function storeSignal(
       status: RunStatus | null;
     }[]
   >`
-    with ins as (
+    with a as (select ${signal.name}::text as name, ${signal.signal_id}::text as signal_id),
+    ins as (
       insert into run_signals (tenant_id, run_id, name, signal_id, payload)
       select ${tenantId}, ${runId}, ${signal.name}, ${signal.signal_id}, ${payload}::text::jsonb
        where ${run.open}::boolean
@@ -149,18 +190,14 @@ async function storeSignal(
     ${sql.unsafe(run.wake ? `${WOKEN_LANES},\n${WOKEN_SLOTS}` : NOT_WOKEN)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id,
-             event_seq - case when ${run.wake}::boolean then 1 else 0 end,
-             'signal.received', goal_id, dispatch_key,
-             jsonb_build_object('name', ${signal.name}::text, 'signal_id', ${signal.signal_id}::text),
-             now()
-        from upd
+      select u.tenant_id, u.run_id,
+             u.event_seq - case when ${run.wake}::boolean then 1 else 0 end,
+             'signal.received', u.goal_id, u.dispatch_key, ${sql.unsafe(RECEIVED)}, now()
+        from upd u cross join a
       union all
-      select tenant_id, run_id, event_seq, 'run.woken', goal_id, dispatch_key,
-             jsonb_build_object('by', 'signal', 'reason', 'signal', 'name', ${signal.name}::text,
-                                'signal_id', ${signal.signal_id}::text),
-             now()
-        from upd
+      select u.tenant_id, u.run_id, u.event_seq, 'run.woken', u.goal_id, u.dispatch_key,
+             ${sql.unsafe(WOKEN_BY_SIGNAL)}, now()
+        from upd u cross join a
        where ${run.wake}::boolean
     )
     select exists (select 1 from ins) as created,
@@ -209,8 +246,8 @@ export type SignalWaitState =
  * null); then, in the same fenced statement, the first unconsumed signal
  * `signalName` of the run is consumed (`consumed_as` the wait's name, the
  * signal stored as the step's result), or, when the deadline has passed, the
- * wait times out (result null); either appends `step.completed` `{name,
- * seq, kind: 'signal', size, signal_id | timed_out}`. Else it stays
+ * wait times out (result null); either appends `step.completed` (`kind`
+ * `signal`, its `until`, `signal_id` or `timed_out`). Else it stays
  * `waiting`.
  */
 export async function settleSignalWait(
@@ -227,7 +264,8 @@ export async function settleSignalWait(
       result: unknown;
     }[]
   >`
-    with cur as (
+    with a as (select ${step.name}::text as name, ${step.seq}::int as seq),
+    cur as (
       select s.until from run_steps s
        where s.tenant_id = ${f.tenant_id} and s.run_id = ${f.run_id} and s.name = ${step.name}
     ),
@@ -289,14 +327,8 @@ export async function settleSignalWait(
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select u.tenant_id, u.run_id, u.event_seq, 'step.completed', u.goal_id, u.dispatch_key,
-             jsonb_build_object('name', ${step.name}::text, 'seq', ${step.seq}::int,
-                                'kind', 'signal', 'size', octet_length(r.result::text),
-                                'attempt', u.attempts)
-               || case when r.outcome = 'signal'
-                       then jsonb_build_object('signal_id', r.result -> 'signal_id')
-                       else jsonb_build_object('timed_out', true) end,
-             now()
-        from upd u cross join res r
+             ${sql.unsafe(WAIT_COMPLETED)}, now()
+        from upd u cross join res r cross join d cross join a
        where r.outcome <> 'waiting'
     )
     select r.outcome, d.until, now() as now, exists (select 1 from upd) as held, r.result

@@ -12,6 +12,23 @@
 import { inTransaction, type Sql } from "./pool.ts";
 import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves, tenantScan } from "./queue_sql.ts";
 import type { StepFence } from "./run_steps.ts";
+import { NULL_TEXT, waitingPayload, wokenPayload } from "./event_payloads.ts";
+
+// The events: `a` the suspend's own values; a woken run's `reason` and
+// `name`, what it waited for (the `woken` CTE).
+const WAITING = waitingPayload({
+  attempt: "a.attempt",
+  reason: "a.reason",
+  name: "a.name",
+  step: "a.step",
+  until: "a.until",
+});
+const WOKEN_BY_DEADLINE = wokenPayload({
+  by: "'deadline'::text",
+  reason: "reason",
+  name: "name",
+  signal_id: NULL_TEXT,
+});
 
 // A suspended run frees its concurrency slot (it is neither running nor
 // queued while it waits); a woken one is queued in its group again, or lowers its lane.
@@ -50,7 +67,7 @@ export type SuspendOutcome = "suspended" | "ready" | "cancel-requested" | "lost"
  * cleared, its attempt given back (attempts - 1: the claim that resumes it
  * counts the same attempt again, as after a release), its concurrency slot
  * freed, `run_after` its deadline ('infinity' for none), with `run.waiting`
- * `{reason, name, step, until, attempt}`. Two statements in one transaction:
+ * `{attempt, reason, name, step, until}`. Two statements in one transaction:
  * the first locks the run's row (fenced), the second, in a snapshot taken
  * under that lock, checks that the wait has not already ended (an
  * unconsumed signal of its name, a passed deadline) and only then suspends.
@@ -79,7 +96,12 @@ async function lockAttempt(sql: Sql, f: StepFence) {
 /** The suspend itself, under the lock `lockAttempt` took; false when the wait has ended. */
 async function suspendLocked(sql: Sql, f: StepFence, wait: Wait): Promise<boolean> {
   const [row] = await sql<{ n: number }[]>`
-    with ready as (
+    with a as (
+      select ${f.attempt}::int as attempt, ${wait.reason}::text as reason,
+             ${wait.name}::text as name, ${wait.step}::text as step,
+             ${wait.until}::timestamptz as until
+    ),
+    ready as (
       select ${wait.until}::timestamptz <= now()
              or (${wait.reason} = 'signal' and exists (
                    select 1 from run_signals s
@@ -106,12 +128,9 @@ async function suspendLocked(sql: Sql, f: StepFence, wait: Wait): Promise<boolea
     ${sql.unsafe(SUSPENDED_SLOTS)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
-      select tenant_id, run_id, event_seq, 'run.waiting', goal_id, dispatch_key,
-             jsonb_build_object('reason', ${wait.reason}::text, 'name', ${wait.name}::text,
-                                'step', ${wait.step}::text, 'until', ${wait.until}::timestamptz,
-                                'attempt', ${f.attempt}::int),
-             now()
-        from upd
+      select u.tenant_id, u.run_id, u.event_seq, 'run.waiting', u.goal_id, u.dispatch_key,
+             ${sql.unsafe(WAITING)}, now()
+        from upd u cross join a
     )
     select count(*)::int as n from upd`;
   return row.n > 0;
@@ -128,8 +147,8 @@ export interface WokenRun {
 
 /**
  * Makes up to `limit` waiting runs whose deadline (`run_after`) has come
- * `queued` again, due now, each with `run.woken` `{by: 'deadline', reason,
- * name}` and its lane or concurrency group moved. Tenant by tenant, as the
+ * `queued` again, due now, each with `run.woken` (`by` `deadline`, `signal_id`
+ * null) and its lane or concurrency group moved. Tenant by tenant, as the
  * reclaimer goes: the tenants with waiting runs (a loose scan of
  * runs_waiting_tenant_idx, migration 022), then each one's due runs, oldest
  * deadline first, one range each; rows another statement holds (a signal
@@ -175,7 +194,7 @@ export async function wakeDueRuns(sql: Sql, limit: number): Promise<WokenRun[]> 
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.woken', goal_id, dispatch_key,
-             jsonb_build_object('by', 'deadline', 'reason', reason, 'name', name), now()
+             ${sql.unsafe(WOKEN_BY_DEADLINE)}, now()
         from woken
     )
     select tenant_id, run_id, reason, name from woken`;

@@ -8,7 +8,8 @@
  * group, two workers hosting dev/chaos/workflows.ts, an outbox), it
  * publishes N dispatch messages over two tenants (about 20 % redeliveries,
  * about 1 % poison on the first tenant, about a quarter of the keys runs of
- * `chaos.keyed`, limited to 2 running per group over 8 groups), while HTTP
+ * `chaos.keyed`, limited to 2 running per group over 8 groups, about a tenth
+ * runs of `chaos.durable`, steps around a sleep that suspends), while HTTP
  * callers race some of the same keys over `POST /v1/runs`, a sampler reads
  * the concurrency groups every 100 ms, and a fault loop SIGKILLs processes, crashes the broker (SIGKILL, restart) and
  * kills every Postgres connection of the database (or, with --pg-restart,
@@ -16,7 +17,7 @@
  * a deadline) and checks, from Postgres and the topics read back, the
  * invariants of dev/chaos/verdict.ts. Prints
  *
- *   chaos: N msgs, K keys, F faults | lost=0 dup=0 … overlimit=0 slotdrift=0 tenant_b=0 …
+ *   chaos: N msgs, K keys, F faults | lost=0 dup=0 … slotdrift=0 steps_dup=0 … tenant_b=0 …
  *
  * as its last line; exits 1 on any violation, 2 when the harness itself failed.
  */
@@ -37,11 +38,13 @@ const COMMAND = {
     "[--quick] [--messages N] [--faults N] [--seconds N] [--seed N] [--pg-restart] [--keep]",
   description: `
 Publishes dispatch messages (about 20 % redeliveries, about 1 % poison, about
-a quarter runs of a workflow limited per key) to a cluster of its own (own
-broker, own database, real processes) while HTTP callers race the same keys
-and faults fly, drains, and checks that nothing was lost, duplicated, stuck or
-unpublished, and that no key ever had more runs running than its limit. Last
-line: the summary; exit 1 on any violation.`,
+a quarter runs of a workflow limited per key, about a tenth durable runs whose
+sleep suspends them) to a cluster of its own (own broker, own database, real
+processes) while HTTP callers race the same keys and faults fly, drains, and
+checks that nothing was lost, duplicated, stuck or unpublished, that no key
+ever had more runs running than its limit, and that no durable step ran again
+once stored and every suspended run was woken. Last line: the summary; exit 1
+on any violation.`,
   flags: {
     quick: { type: "boolean", description: "500 messages, 7 faults, about a minute (CI)" },
     messages: { type: "string", valueName: "N", description: "dispatch messages (default 5000)" },

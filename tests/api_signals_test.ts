@@ -18,6 +18,7 @@ import { hashToken, newToken } from "../contracts/tokens.ts";
 import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
+import { registerVersions } from "../db/catalog.ts";
 import { createPool } from "../db/pool.ts";
 import { defineWorkflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
@@ -38,8 +39,26 @@ const approval = defineWorkflow({
   },
 });
 
+// Declares its signal: the API checks the payload, and the wait is typed by it.
+const declared = defineWorkflow({
+  name: "approval.declared",
+  version: 1,
+  input: z.object({ order: z.string() }),
+  signals: { approval: z.strictObject({ ok: z.boolean(), by: z.string().min(1) }) },
+  async handler({ order }, ctx) {
+    const answer = await ctx.waitForSignal("approval", { timeout: 60_000 });
+    const ok: boolean | undefined = answer?.payload.ok;
+    // @ts-expect-error: the declared payload has no such field
+    void answer?.payload.amount;
+    // An undeclared signal names its type, or is unknown.
+    const other = await ctx.waitForSignal<{ n: number }>("other", { timeout: 0 });
+    const n: number | undefined = other?.payload.n;
+    return { order, ok, n };
+  },
+});
+
 function registry(): WorkflowRegistry {
-  return builtinRegistry().register(approval);
+  return builtinRegistry().register(approval).register(declared);
 }
 
 Deno.test("api signals: 201, a replay 200, 404, 409, 422; a waiting run shows its wait and steps, and its signal wakes it", async () => {
@@ -259,6 +278,75 @@ Deno.test("api signals: 201, a replay 200, 404, 409, 422; a waiting run shows it
     );
   } finally {
     await worker.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("api signals: a declared signal's payload is checked against its schema (422 naming the field, nothing stored); others take any payload; the version's signals are part of its definition", async () => {
+  const db = await freshDatabase();
+  const { sql } = db;
+  const token = newToken();
+  await insertTenant(sql, "acme");
+  await insertToken(sql, await hashToken(token), { kind: "tenant", tenant_id: "acme", name: "a" });
+  const app = createApp({
+    sql,
+    admission: new Admission(sql, catalogOf(registry()), { maxBatch: 16, maxConcurrent: 2 }),
+    auth: new Authenticator(sql, 30_000),
+    metrics: createApiMetrics(new client.Registry()),
+    log: silentLogger,
+    bodyLimit: 4096,
+    consoleAssets: loadConsoleAssets(),
+  });
+  const post = (path: string, body: unknown) =>
+    app.request(path, {
+      method: "POST",
+      body: JSON.stringify(body),
+      headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    });
+  try {
+    const admitted = await post("/v1/runs", {
+      workflow_ref: "approval.declared",
+      input: { order: "o-1" },
+    });
+    assert.equal(admitted.status, 201);
+    const runId = (await admitted.json()).run_id as string;
+    const signals = `/v1/runs/${runId}/signals`;
+    const refused = await post(signals, { name: "approval", payload: { ok: "yes", by: "" } });
+    const problem = await refused.json();
+    assert.equal(refused.status, 422, JSON.stringify(problem));
+    assert.equal(problem.type, "https://poimen.dev/problems/validation");
+    assert.match(problem.detail ?? problem.title, /approval\.declared@1/);
+    assert.deepEqual(problem.errors.map((e: { path: string }) => e.path).sort(), [
+      "payload.by",
+      "payload.ok",
+    ]);
+    const extra = await post(signals, { name: "approval", payload: { ok: true, by: "a", x: 1 } });
+    assert.equal(extra.status, 422);
+    assert.deepEqual((await extra.json()).errors.map((e: { path: string }) => e.path), [
+      "payload.x",
+    ]);
+    assert.equal((await post(signals, { name: "approval" })).status, 422, "a null payload");
+    const [{ n }] = await sql<{ n: number }[]>`
+      select count(*)::int as n from run_signals where run_id = ${runId}`;
+    assert.equal(n, 0, "a refused signal is not stored");
+    const ok = await post(signals, { name: "approval", payload: { ok: true, by: "alice" } });
+    assert.equal(ok.status, 201);
+    // A name the version does not declare takes any payload; so does any run of a version
+    // declaring none.
+    assert.equal((await post(signals, { name: "other", payload: "anything" })).status, 201);
+    const echo = (await (await post("/v1/runs", { workflow_ref: "echo" })).json()).run_id;
+    assert.equal(
+      (await post(`/v1/runs/${echo}/signals`, { name: "approval", payload: 1 })).status,
+      201,
+    );
+    // The catalog keeps the version's signals: registered again with others, it differs.
+    const [version] = registry().catalogVersions().filter((v) => v.name === "approval.declared");
+    assert.deepEqual(Object.keys(version.signal_schemas ?? {}), ["approval"]);
+    const [same] = await registerVersions(sql, [version], "w-1");
+    assert.deepEqual([same.created, same.same], [true, true]);
+    const [changed] = await registerVersions(sql, [{ ...version, signal_schemas: null }], "w-2");
+    assert.deepEqual([changed.created, changed.same], [false, false]);
+  } finally {
     await db.drop();
   }
 });

@@ -16,6 +16,7 @@ import {
   PoimenProblem,
   problemFromAnswer,
   type RetryInfo,
+  signalRun,
 } from "../client/http.ts";
 import { PROBLEM_BASE } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
@@ -198,6 +199,78 @@ Deno.test({
       assert.equal(result.run.dispatch_key, result.dispatchKey);
       const [{ n }] = await db.sql`select count(*)::int as n from runs where tenant_id = ${tenant}`;
       assert.equal(n, 1);
+    } finally {
+      proxy.close();
+      await api.stop("SIGKILL");
+      await db.drop();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "client_http: signal keeps one generated signal_id across a lost answer: one signal; replays, 404, 409 and 422 typed",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const db = await freshDatabase();
+    const api = new ApiProcess({ DATABASE_URL: db.url });
+    const proxy = lossyProxy(Number(new URL(api.url).port));
+    try {
+      const tenant = `ch-${crypto.randomUUID().slice(0, 8)}`;
+      const token = await newToken(db.url, tenant);
+      await api.ready();
+      const direct = new PoimenClient({ url: api.url, token });
+      // No worker runs here: the run stays queued, its mailbox holds what is sent.
+      const { run } = await direct.admitRun({ workflow_ref: "echo" }, { idempotent: true });
+      const lossy = new PoimenClient({ url: proxy.url, token });
+      const retries: RetryInfo[] = [];
+      const sent = await lossy.signal(run.run_id, { name: "approval", payload: { ok: true } }, {
+        ...QUICK,
+        onRetry: (r) => retries.push(r),
+      });
+      assert.equal(retries.length, 1);
+      assert.ok(retries[0].error instanceof PoimenNetworkError, String(retries[0].error));
+      // The first attempt stored it; the retry, with the same id, was told so.
+      assert.equal(sent.replayed, true);
+      assert.equal(sent.created, true, "nobody else knows a generated signal_id");
+      assert.match(sent.signal.signal_id, UUID_PATTERN);
+      assert.equal(sent.signal.run_id, run.run_id);
+      assert.equal(sent.signal.name, "approval");
+      assert.equal(sent.signal.run_status, "queued");
+      const stored = async () =>
+        await db.sql<{ signal_id: string; payload: unknown }[]>`
+          select signal_id, payload from run_signals
+           where tenant_id = ${tenant} and run_id = ${run.run_id} order by n`;
+      assert.deepEqual((await stored()).map((r) => [r.signal_id, r.payload]), [
+        [sent.signal.signal_id, { ok: true }],
+      ]);
+      // A given id: new, then a replay; the function form is the same call.
+      const given = { name: "approval", payload: 2, signal_id: "s-given" };
+      const first = await direct.signal(run.run_id, given);
+      assert.deepEqual([first.created, first.replayed], [true, false]);
+      const again = await signalRun(direct, run.run_id, given);
+      assert.deepEqual([again.created, again.replayed], [false, true]);
+      assert.equal(again.signal.received_at, first.signal.received_at);
+      assert.equal((await stored()).length, 2);
+      const [{ received }] = await db.sql<{ received: number }[]>`
+        select count(*)::int as received from work_events
+         where tenant_id = ${tenant} and run_id = ${run.run_id} and type = 'signal.received'`;
+      assert.equal(received, 2);
+
+      const refused = async (runId: string, body: { name: string }, status: number) => {
+        const err = await direct.signal(runId, body, QUICK).catch((e) => e);
+        assert.ok(err instanceof PoimenProblem, String(err));
+        assert.equal(err.status, status, err.message);
+        return err;
+      };
+      assert.equal((await refused(crypto.randomUUID(), { name: "a" }, 404)).code, "not-found");
+      const invalid = await refused(run.run_id, { name: "a#b" }, 422);
+      assert.equal(invalid.errors[0]?.path, "name");
+      await db.sql`update runs set status = 'succeeded', finished_at = now()
+                    where tenant_id = ${tenant} and run_id = ${run.run_id}`;
+      assert.equal((await refused(run.run_id, { name: "late" }, 409)).code, "run-finished");
+      assert.equal((await stored()).length, 2, "nothing stored by a refused signal");
     } finally {
       proxy.close();
       await api.stop("SIGKILL");
@@ -544,6 +617,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     "client/problems.ts",
     "client/retry.ts",
     "client/signal.ts",
+    "client/transport.ts",
     "client/wait_for_run.ts",
     "client/workflow_runs.ts",
     "contracts/concurrency.ts",

@@ -15,7 +15,7 @@ const RUNS_MD = new URL("../docs/runs.md", import.meta.url);
 function documented(text: string): Map<string, string[]> {
   const rows = new Map<string, string[]>();
   for (const line of section(text, "Events").split("\n")) {
-    const m = /^\|\s*`(run\.[a-z_]+)`\s*\|([^|]*)\|/.exec(line);
+    const m = /^\|\s*`([a-z]+\.[a-z_]+)`\s*\|([^|]*)\|/.exec(line);
     if (m) rows.set(m[1], [...m[2].matchAll(/`([a-z_]+)`/g)].map((k) => k[1]));
   }
   return rows;

@@ -134,6 +134,9 @@ Deno.test("durable db: a step's result is written once, by the attempt holding t
       size: 13,
       attempt: 1,
       duration_ms: 5,
+      until: null,
+      signal_id: null,
+      timed_out: null,
     });
     // A failed step is recorded (step.failed) and completed later over it.
     assert.equal(
@@ -365,7 +368,12 @@ Deno.test("durable db: a suspended sleep frees the lease, the attempt and the co
       until: sleep.until.toISOString().replace("Z", "+00:00"),
       attempt: 1,
     });
-    assert.deepEqual(types[3][1], { by: "deadline", reason: "sleep", name: "nap" });
+    assert.deepEqual(types[3][1], {
+      by: "deadline",
+      reason: "sleep",
+      name: "nap",
+      signal_id: null,
+    });
     const [slot] = await db.sql<{ running: number; queued: number }[]>`
       select running, queued from concurrency_slots where tenant_id = ${TENANT}`;
     assert.deepEqual({ ...slot }, { running: 1, queued: 0 });

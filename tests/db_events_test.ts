@@ -4,8 +4,12 @@
  * through every transition (admitted, claimed by both claims, succeeded
  * alone and in a batch, retried, failed by the handler and by an expired
  * lease, released, cancelled queued and cancelled at the end of a failed,
- * released or expired attempt), and each `work_events` row is read as the
- * outbox ships it and parsed. A statement writing a key too many or too few
+ * released or expired attempt), and a durable run through every statement
+ * of its steps, sleeps, signal waits, suspends and wake-ups (each variant:
+ * a step stored or failed, a sleep ended, a wait given its signal or timed
+ * out, a suspend with a deadline or without, woken by its deadline or its
+ * signal, cancelled while waiting), and each `work_events` row is read as
+ * the outbox ships it and parsed. A statement writing a key too many or too few
  * fails here; so does an event type or variant no statement wrote.
  */
 import assert from "node:assert/strict";
@@ -16,6 +20,9 @@ import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attemp
 import { requestCancel } from "../db/cancellation.ts";
 import { type ClaimedRun, claimLimitedRuns, claimRuns, type HostedVersions } from "../db/claims.ts";
 import { reclaimExpired } from "../db/leases.ts";
+import { completeStep, failStep, settleSleep, type StepFence } from "../db/run_steps.ts";
+import { sendSignal, settleSignalWait } from "../db/signals.ts";
+import { suspendRun, wakeDueRuns } from "../db/suspension.ts";
 import type { PendingEvent } from "../db/outbox.ts";
 import { toMessage } from "../outbox/event_message.ts";
 import {
@@ -99,9 +106,86 @@ function variant(e: EventMessage): string {
       return `${e.type} ${e.payload.error.code ?? e.payload.error.message}`;
     case "run.cancelled":
       return `${e.type} ${e.payload.reason ?? e.payload.error?.message ?? "queued"}`;
+    case "step.completed": {
+      const p = e.payload;
+      const how = p.kind !== "signal" ? "" : p.timed_out ? " timed out" : " signalled";
+      return `${e.type} ${p.kind}${how}`;
+    }
+    case "run.waiting":
+      return `${e.type} ${e.payload.reason} ${e.payload.until === null ? "forever" : "until"}`;
+    case "run.woken":
+      return `${e.type} by ${e.payload.by}`;
     default:
       return e.type;
   }
+}
+
+/**
+ * A durable run through every statement its calls write: a step stored and
+ * one failed, a sleep ended at once, a signal sent before its wait and
+ * consumed, a wait timed out, a suspended sleep woken by its deadline, a
+ * suspended wait woken by its signal; and a second run cancelled while
+ * waiting. Returns the two run ids.
+ */
+async function durableRuns(w: World): Promise<[string, string]> {
+  const { sql } = w.db;
+  const fence = (run: ClaimedRun): StepFence => ({
+    tenant_id: TENANT,
+    run_id: run.run_id,
+    owner: OWNER,
+    attempt: run.attempts,
+  });
+  const id = await w.admit("echo", { durable: 1 }, { goal_id: "g-d", dispatch_key: "k-d" });
+  await sendSignal(sql, TENANT, id, { name: "early", signal_id: "s-early", payload: { a: 1 } });
+  let f = fence(await w.claim(id));
+  const step = { name: "charge", seq: 1, resultJson: '{"id":1}', size: 8, durationMs: 12.6 };
+  assert.equal(await completeStep(sql, f, step), "written");
+  assert.equal(
+    await failStep(sql, f, { name: "ship", seq: 2, tries: 3, error: { message: "down" } }),
+    true,
+  );
+  assert.equal(
+    (await settleSleep(sql, f, { name: "past", seq: 3, until: new Date(0) })).done,
+    true,
+  );
+  const early = { name: "early", seq: 4, signalName: "early", timeoutMs: null };
+  assert.equal((await settleSignalWait(sql, f, early)).outcome, "signal");
+  const late = { name: "late", seq: 5, signalName: "late", timeoutMs: 0 };
+  assert.equal((await settleSignalWait(sql, f, late)).outcome, "timeout");
+  // A short sleep, suspended, woken by its deadline.
+  const nap = await settleSleep(sql, f, { name: "nap", seq: 6, ms: 200 });
+  assert.equal(
+    await suspendRun(sql, f, { reason: "sleep", name: "nap", step: "nap", until: nap.until }),
+    "suspended",
+  );
+  await waitFor("the nap's deadline", async () => {
+    const woken = await wakeDueRuns(sql, 10);
+    return woken.some((r) => r.run_id === id);
+  }, 10_000);
+  f = fence(await w.claim(id));
+  assert.equal((await settleSleep(sql, f, { name: "nap", seq: 6 })).done, true);
+  // A wait without a timeout, suspended, woken by its signal.
+  const go = { name: "go", seq: 7, signalName: "go", timeoutMs: null };
+  assert.equal((await settleSignalWait(sql, f, go)).outcome, "waiting");
+  assert.equal(
+    await suspendRun(sql, f, { reason: "signal", name: "go", step: "go", until: null }),
+    "suspended",
+  );
+  const sent = await sendSignal(sql, TENANT, id, { name: "go", signal_id: "s-go", payload: 2 });
+  assert.equal(sent.outcome === "created" && sent.woken, true);
+  f = fence(await w.claim(id));
+  assert.equal((await settleSignalWait(sql, f, go)).outcome, "signal");
+  assert.equal(await completeRun(sql, TENANT, id, OWNER, f.attempt, "done"), true);
+
+  // Cancelled while waiting: no attempt ended.
+  const parked = await w.admit("echo", { durable: 2 });
+  const p = fence(await w.claim(parked));
+  assert.equal(
+    await suspendRun(sql, p, { reason: "signal", name: "never", step: "never", until: null }),
+    "suspended",
+  );
+  assert.equal((await requestCancel(sql, TENANT, parked))?.status, "cancelled");
+  return [id, parked];
 }
 
 Deno.test("events: every event every statement writes parses strictly, every type and variant written", async () => {
@@ -179,6 +263,8 @@ Deno.test("events: every event every statement writes parses strictly, every typ
       [true],
     );
 
+    const [durable, parked] = await durableRuns(w);
+
     const events = await shipped(sql);
     assert.deepEqual(
       [...new Set(events.map((e) => e.type))].sort(),
@@ -198,6 +284,16 @@ Deno.test("events: every event every statement writes parses strictly, every typ
       "run.retrying lease expired",
       "run.started",
       "run.succeeded",
+      "run.waiting signal forever",
+      "run.waiting sleep until",
+      "run.woken by deadline",
+      "run.woken by signal",
+      "signal.received",
+      "step.completed signal signalled",
+      "step.completed signal timed out",
+      "step.completed sleep",
+      "step.completed step",
+      "step.failed",
     ]);
     // What each one says, beyond its shape.
     const of = (runId: string) => events.filter((e) => e.run_id === runId);
@@ -232,10 +328,125 @@ Deno.test("events: every event every statement writes parses strictly, every typ
       "run.succeeded",
     ]);
     assert.deepEqual(of(limited)[2].payload, { attempt: 1, result: null });
+    assertDurable(of(durable), of(parked));
   } finally {
     await w.db.drop();
   }
 });
+
+/** What the durable run's events say, beyond their shapes. */
+function assertDurable(events: EventMessage[], parked: EventMessage[]): void {
+  assert.deepEqual(events.map((e) => [e.seq, e.type, e.goal_id, e.dispatch_key]), [
+    [1, "run.admitted", "g-d", "k-d"],
+    [2, "signal.received", "g-d", "k-d"],
+    [3, "run.started", "g-d", "k-d"],
+    [4, "step.completed", "g-d", "k-d"],
+    [5, "step.failed", "g-d", "k-d"],
+    [6, "step.completed", "g-d", "k-d"],
+    [7, "step.completed", "g-d", "k-d"],
+    [8, "step.completed", "g-d", "k-d"],
+    [9, "run.waiting", "g-d", "k-d"],
+    [10, "run.woken", "g-d", "k-d"],
+    [11, "run.started", "g-d", "k-d"],
+    [12, "step.completed", "g-d", "k-d"],
+    [13, "run.waiting", "g-d", "k-d"],
+    [14, "signal.received", "g-d", "k-d"],
+    [15, "run.woken", "g-d", "k-d"],
+    [16, "run.started", "g-d", "k-d"],
+    [17, "step.completed", "g-d", "k-d"],
+    [18, "run.succeeded", "g-d", "k-d"],
+  ]);
+  const at = (seq: number) => events.find((e) => e.seq === seq)!.payload;
+  const untilOf = (seq: number) => (at(seq) as { until: string | null }).until;
+  const nulls = { duration_ms: null, until: null, signal_id: null, timed_out: null };
+  assert.deepEqual(at(2), { name: "early", signal_id: "s-early" });
+  assert.deepEqual(at(4), {
+    ...nulls,
+    name: "charge",
+    seq: 1,
+    kind: "step",
+    size: 8,
+    attempt: 1,
+    duration_ms: 13,
+  });
+  assert.deepEqual(at(5), {
+    name: "ship",
+    seq: 2,
+    attempt: 1,
+    tries: 3,
+    error: { message: "down" },
+  });
+  assert.deepEqual(at(6), {
+    ...nulls,
+    name: "past",
+    seq: 3,
+    kind: "sleep",
+    size: 0,
+    attempt: 1,
+    until: "1970-01-01T00:00:00+00:00",
+  });
+  const early = at(7) as { size: number };
+  assert.ok(early.size > 0);
+  assert.deepEqual(early, {
+    ...nulls,
+    name: "early",
+    seq: 4,
+    kind: "signal",
+    size: early.size,
+    attempt: 1,
+    signal_id: "s-early",
+    timed_out: false,
+  });
+  assert.deepEqual(at(8), {
+    ...nulls,
+    name: "late",
+    seq: 5,
+    kind: "signal",
+    size: 4, // JSON null
+    attempt: 1,
+    until: untilOf(8),
+    timed_out: true,
+  });
+  assert.ok(untilOf(8) !== null);
+  assert.deepEqual(at(9), {
+    attempt: 1,
+    reason: "sleep",
+    name: "nap",
+    step: "nap",
+    until: untilOf(9),
+  });
+  assert.ok(untilOf(9) !== null);
+  assert.deepEqual(at(10), { by: "deadline", reason: "sleep", name: "nap", signal_id: null });
+  // The suspend got the sleep's end as a Date: the same instant, to the millisecond.
+  assert.equal(new Date(untilOf(12)!).getTime(), new Date(untilOf(9)!).getTime());
+  assert.deepEqual(at(12), { ...at(6), name: "nap", seq: 6, until: untilOf(12) });
+  assert.deepEqual(at(13), { attempt: 1, reason: "signal", name: "go", step: "go", until: null });
+  assert.deepEqual(at(15), { by: "signal", reason: "signal", name: "go", signal_id: "s-go" });
+  const go = at(17) as { size: number };
+  assert.deepEqual(go, {
+    ...nulls,
+    name: "go",
+    seq: 7,
+    kind: "signal",
+    size: go.size,
+    attempt: 1,
+    signal_id: "s-go",
+    timed_out: false,
+  });
+  assert.deepEqual(parked.map((e) => e.type), [
+    "run.admitted",
+    "run.started",
+    "run.waiting",
+    "run.cancelled",
+  ]);
+  assert.deepEqual({ ...parked[3].payload, requested_at: undefined }, {
+    attempt: 0,
+    requested_at: undefined,
+    error: null,
+    reason: null,
+    worker: null,
+  });
+}
 
 Deno.test("events: the contract refuses a payload with a key too many or too few, for every type", async () => {
   const w = await world();
@@ -245,8 +456,15 @@ Deno.test("events: the contract refuses a payload with a key too many or too few
     await completeRun(w.db.sql, TENANT, ok, OWNER, 1, null);
     const queued = await w.admit("echo", 1);
     await requestCancel(w.db.sql, TENANT, queued);
+    await durableRuns(w);
     const written = await shipped(w.db.sql);
-    assert.ok(written.length >= 4);
+    assert.deepEqual(
+      [...new Set(written.map((e) => e.type))].sort(),
+      [...RUN_EVENT_TYPES].filter((t) =>
+        !["run.retrying", "run.failed", "run.released"].includes(t)
+      )
+        .sort(),
+    );
     for (const { type, payload } of written) {
       const body = { type, payload: { ...payload } as Record<string, unknown> };
       assert.ok(RunEventBody.safeParse(body).success, type);

@@ -2,14 +2,16 @@
  * dev/chaos/verdict.ts: the chaos invariants on made-up observations: a
  * perfect outcome passes, and each kind of damage is caught by its counter
  * (and by tenant_b when it hits the clean tenant), among them a concurrency
- * group over its limit and slot counts that drifted from the runs. The
+ * group over its limit and slot counts that drifted from the runs, and a
+ * durable run's step called again after its result was stored. The
  * harness itself runs as `deno task chaos`, not here.
  *
  *   deno test -A tests/dev_chaos_verdict_test.ts
  */
 import assert from "node:assert/strict";
-import { KEYED, type Plan, plan } from "../dev/chaos/plan.ts";
+import { DURABLE, KEYED, type Plan, plan } from "../dev/chaos/plan.ts";
 import type { SlotGroup } from "../dev/chaos/observe.ts";
+import type { DurableRun } from "../dev/chaos/step_calls.ts";
 import {
   type Counter,
   COUNTERS,
@@ -62,18 +64,28 @@ function perfect(p: Plan): Observed {
       failed: 1,
       final: [group(TENANTS.poisoned, "g1", 0, 0), group(TENANTS.clean, "g1", 0, 0)],
     },
+    durable: [],
   };
   const groups = new Map(
     p.messages.filter((m) => m.group).map((m) => [`${m.tenant}/${m.dispatchKey}`, m.group!]),
   );
+  const sleeps = new Map(
+    p.messages.filter((m) => m.sleepMs !== undefined).map((
+      m,
+    ) => [`${m.tenant}/${m.dispatchKey}`, m.sleepMs!]),
+  );
   const addRun = (tenant: string, dispatchKey: string | null, marker: string | null) => {
     const runId = crypto.randomUUID();
     const group = groups.get(`${tenant}/${dispatchKey}`) ?? null;
+    const sleepMs = sleeps.get(`${tenant}/${dispatchKey}`);
+    if (sleepMs !== undefined) seen.durable.push(durableRun(tenant, runId, dispatchKey!, sleepMs));
     seen.runs.push({
       tenant,
       runId,
       dispatchKey,
-      workflowName: group === null ? "echo" : KEYED.workflow,
+      workflowName: group === null
+        ? (sleepMs === undefined ? "echo" : DURABLE.workflow)
+        : KEYED.workflow,
       concurrencyKey: group,
       status: "succeeded",
       eventSeq: 3,
@@ -96,6 +108,54 @@ function perfect(p: Plan): Observed {
     seen.dispatchCopies.set(m.key, (seen.dispatchCopies.get(m.key) ?? 0) + 1);
   }
   return seen;
+}
+
+let callIds = 0;
+
+/**
+ * A durable run that went right: each step called once and stored after its
+ * call, the sleep suspended once, woken once, ended at its end.
+ */
+function durableRun(tenant: string, runId: string, dispatchKey: string, sleepMs: number) {
+  const t0 = Date.parse("2026-12-01T10:00:00Z") + callIds * 10_000;
+  const run: DurableRun = {
+    tenant,
+    runId,
+    dispatchKey,
+    status: "succeeded",
+    result: { key: dispatchKey },
+    steps: [],
+    calls: [],
+    suspended: 1,
+    woken: 1,
+  };
+  let at = t0;
+  for (const [i, name] of DURABLE.steps.entries()) {
+    if (i === 1) {
+      run.steps.push({
+        name: DURABLE.sleep,
+        kind: "sleep",
+        status: "completed",
+        result: null,
+        until: at + sleepMs,
+        completedAt: at + sleepMs + 40,
+      });
+      at += sleepMs + 50;
+    }
+    const id = ++callIds;
+    run.calls.push({ id, step: name, attempt: 1, at });
+    run.steps.push({
+      name,
+      kind: "step",
+      status: "completed",
+      result: id,
+      until: null,
+      completedAt: at + 3,
+    });
+    (run.result as Record<string, unknown>)[name] = id;
+    at += 10;
+  }
+  return run;
 }
 
 function nonZero(counts: Record<Counter, number>): Partial<Record<Counter, number>> {
@@ -360,4 +420,92 @@ Deno.test("chaos verdict: slot counts unlike the runs are slotdrift, during the 
   assert.deepEqual(nonZero(v.counts), { slotdrift: 4, tenant_b: 1 });
   assert.ok(v.examples.slotdrift.some((e) => e.includes("no concurrency_slots row")));
   assert.ok(v.examples.slotdrift.some((e) => e.includes("after the drain")));
+});
+
+Deno.test("chaos verdict: about a tenth of the keys are durable runs whose sleep suspends", () => {
+  const p = workload();
+  assert.deepEqual(p.durable, {
+    workflow: DURABLE.workflow,
+    steps: DURABLE.steps,
+    sleep: DURABLE.sleep,
+  });
+  const fresh = p.messages.filter((m) => m.kind === "fresh");
+  const durable = fresh.filter((m) => m.sleepMs !== undefined);
+  const share = durable.length / fresh.length;
+  assert.ok(share > 0.06 && share < 0.17, `${durable.length} of ${fresh.length} durable`);
+  for (const m of durable) {
+    const body = JSON.parse(m.value);
+    assert.equal(body.workflow_ref, DURABLE.workflow);
+    assert.equal(body.input.sleep_ms, m.sleepMs);
+    assert.equal(m.group, undefined);
+    // Each sleep is longer than the workers' threshold: it suspends its run.
+    assert.ok(m.sleepMs! > DURABLE.suspendAfterMs * 2, `${m.sleepMs} ms`);
+  }
+  assert.ok(new Set(durable.map((m) => m.tenant)).size === 2);
+});
+
+function durableOf(seen: Observed, tenant: string): DurableRun {
+  return seen.durable.find((r) => r.tenant === tenant)!;
+}
+
+Deno.test("chaos verdict: a step called after its result was stored is steps_dup; a re-run before is not", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const run = durableOf(seen, TENANTS.clean);
+  const ship = run.steps.find((s) => s.name === "ship")!;
+  // The worker died between the side effect and the store: called again, stored once.
+  const other = durableOf(seen, TENANTS.poisoned);
+  const charge = other.steps.find((s) => s.name === "charge")!;
+  other.calls.unshift({
+    id: 10_000_000,
+    step: "charge",
+    attempt: 1,
+    at: charge.completedAt! - 500,
+  });
+  let v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), {});
+  assert.equal(v.info.durable.reruns, 1);
+  assert.equal(v.info.durable.calls, seen.durable.length * 3 + 1);
+  // A replay that ran the stored step again: a duplicate side effect.
+  run.calls.push({ id: 10_000_001, step: "ship", attempt: 2, at: ship.completedAt! + 1 });
+  v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { steps_dup: 1, tenant_b: 1 });
+  assert.match(v.examples.steps_dup[0], /step ship called again .* after its result was stored/);
+});
+
+Deno.test("chaos verdict: a step stored without its call, or a result not the stored one, is steps_lost", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const [a, b, c, d] = seen.durable.filter((r) => r.tenant === TENANTS.poisoned);
+  // The step's stored result is no call of it.
+  a.calls = a.calls.filter((x) => x.step !== "notify");
+  // The run's result is not what the step stored.
+  (b.result as Record<string, unknown>).charge = -1;
+  // Succeeded without its last step stored.
+  c.steps = c.steps.filter((s) => s.name !== "notify");
+  // A planned durable run that never ran the durable workflow.
+  seen.durable = seen.durable.filter((r) => r !== d);
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { steps_lost: 5 });
+  assert.ok(v.examples.steps_lost.some((e) => e.includes(`key ${d.dispatchKey}: no run of`)));
+});
+
+Deno.test("chaos verdict: a sleep that ended early, a suspension never woken, or none suspended, is sleeps", () => {
+  const p = workload();
+  const seen = perfect(p);
+  const [a, b, c] = seen.durable.filter((r) => r.tenant === TENANTS.poisoned);
+  const sleep = a.steps.find((s) => s.kind === "sleep")!;
+  sleep.completedAt = sleep.until! - 200;
+  b.suspended = 2;
+  c.steps = c.steps.filter((s) => s.kind !== "sleep");
+  let v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { sleeps: 3 });
+  assert.match(v.examples.sleeps[0], /sleep ended 200 ms before its end/);
+
+  // The threshold never crossed: the suspension went unexercised.
+  const quiet = perfect(p);
+  for (const r of quiet.durable) r.suspended = r.woken = 0;
+  v = verdict(p, quiet, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), { sleeps: 1 });
+  assert.equal(v.info.durable.suspendedRuns, 0);
 });

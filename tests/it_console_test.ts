@@ -484,3 +484,80 @@ Deno.test({
     assert.deepEqual(seen.cspViolations, []);
   },
 });
+
+Deno.test({
+  name:
+    "console: a person sends a run a signal from its page: 201, then 200 for the same id, 422 refused, bad JSON not sent, 409 once the run ended",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("signals");
+    // No worker: the run stays queued, and its mailbox keeps the signals.
+    const runId = await s.admit({ workflow_ref: "echo", input: { order: 7 } });
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+    await page.goto(`${s.api.url}/console/runs/${runId}`);
+    await page.locator("#run-status [data-status=queued]").waitFor();
+
+    const outcome = page.locator("#signal-outcome");
+    const send = async (name: string, payload: string, signalId: string, expect: string) => {
+      await page.getByLabel("Name", { exact: true }).fill(name);
+      await page.getByLabel("Payload (JSON)").fill(payload);
+      await page.getByLabel(/^Signal id/).fill(signalId);
+      await page.getByRole("button", { name: "Send signal" }).click();
+      await page.locator(`#signal-outcome[data-outcome=${expect}]`).waitFor({ timeout: LONG });
+      return await outcome.textContent() ?? "";
+    };
+    const stored = async () =>
+      (await s.db.sql<{ n: number }[]>`
+        select count(*)::int as n from run_signals where run_id = ${runId}`)[0].n;
+
+    // A new signal: 201, and its event reloads the page, which keeps saying so.
+    const payload = JSON.stringify({ ok: true, note: SCRIPT });
+    let said = await send("approval", payload, "sig-1", "sent");
+    assert.match(
+      said,
+      /^Sent \(201\): signal approval, id sig-1, kept until a wait takes it; the run is queued$/,
+    );
+    await page.locator("#events", { hasText: "signal.received" }).waitFor({ timeout: LONG });
+    assert.equal(await outcome.getAttribute("data-http-status"), "201");
+    assert.equal(await stored(), 1);
+
+    // The same signal_id again: a replay, nothing stored.
+    said = await send("approval", '{"ok": false}', "sig-1", "replayed");
+    assert.match(said, /^Already sent \(200\)/);
+    assert.equal(await stored(), 1);
+
+    // A name the API refuses: 422, with its reason.
+    said = await send("a#b", "{}", "", "invalid");
+    assert.equal(await outcome.getAttribute("data-http-status"), "422");
+    assert.match(said, /^Invalid \(422\): .*name/);
+
+    // Not JSON: never sent.
+    said = await send("approval", "{ok: yes", "", "invalid");
+    assert.match(said, /^Not sent: the payload is not JSON/);
+    assert.equal(await outcome.getAttribute("data-http-status"), "0");
+    assert.equal(await stored(), 1);
+
+    // The run ends while the page, not following it (stream blocked), still
+    // offers the form: 409, said as such.
+    await page.route("**/console/live/runs/**", (route) => route.abort());
+    await page.reload();
+    await page.locator("#live[data-state=off]").waitFor();
+    const cancelled = await fetch(`${s.api.url}/v1/runs/${runId}/cancel`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${s.token}` },
+    });
+    assert.equal(cancelled.status, 200, await cancelled.text());
+    assert.equal(await s.status(runId), "cancelled");
+    said = await send("approval", "{}", "", "refused");
+    assert.match(said, /^Refused \(409\): the run is finished/);
+    assert.equal(await outcome.getAttribute("data-http-status"), "409");
+    assert.equal(await stored(), 1);
+
+    assert.equal(await page.locator("script").count(), 1, "no injected script element");
+    assert.deepEqual(seen.dialogs, [], "no dialog fired");
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});

@@ -253,3 +253,54 @@ Deno.test("runWorker: what refuses to start (a bad variable, no workflows, a bar
     assert.equal(Deno.exitCode, before, "a library never sets the process's exit code");
   }
 });
+
+Deno.test("defineWorkflow: declared signals are registered as JSON Schema (input side), kept by implement, typed in the handler; a bad name or schema is a TypeError naming the workflow", () => {
+  const def = defineWorkflow({
+    name: "shop.approve",
+    version: 1,
+    input: z.object({}),
+    signals: { approval: z.object({ ok: z.boolean(), note: z.string().default("") }) },
+  });
+  assert.deepEqual(def.signalSchemas?.approval.required, ["ok"], "the input side: note optional");
+  assert.ok(Object.isFrozen(def.signals) && Object.isFrozen(def.signalSchemas));
+  const impl = implement(def, async (_input, ctx) => {
+    const got = await ctx.waitForSignal("approval");
+    const ok: boolean | undefined = got?.payload.ok;
+    return ok;
+  });
+  assert.equal(impl.signals, def.signals);
+  assert.equal(impl.signalSchemas, def.signalSchemas);
+  const [row] = new WorkflowRegistry([impl]).catalogVersions();
+  assert.deepEqual(row.signal_schemas, def.signalSchemas);
+  const none = implement(defineWorkflow({ name: "n", version: 1, input: z.unknown() }), handler);
+  assert.equal(new WorkflowRegistry([none]).catalogVersions()[0].signal_schemas, null);
+  // The handler's wait is typed: an undeclared name's payload is unknown.
+  const typed = defineWorkflow({
+    name: "t",
+    version: 1,
+    input: z.object({}),
+    signals: { go: z.object({ n: z.number() }) },
+    async handler(_input, ctx) {
+      const go = await ctx.waitForSignal("go");
+      const n: number | undefined = go?.payload.n;
+      const other = await ctx.waitForSignal("other");
+      // @ts-expect-error: an undeclared signal's payload is unknown
+      void other?.payload.n;
+      return n;
+    },
+  });
+  assert.equal(typeof typed.handler, "function");
+  for (
+    const [signals, pattern] of [
+      [{ "a#b": z.object({}) }, /t@1: signal "a#b"/],
+      [{ ok: { not: "zod" } }, /t@1: signal ok must be a zod schema/],
+      [[z.object({})], /t@1: signals must be an object/],
+    ] as const
+  ) {
+    assert.throws(
+      () => defineWorkflow({ name: "t", version: 1, input: z.object({}), signals } as never),
+      (e: unknown) => e instanceof TypeError && pattern.test(e.message),
+      String(pattern),
+    );
+  }
+});

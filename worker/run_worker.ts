@@ -53,6 +53,8 @@ export type {
   Logger,
   Schema,
   Signal,
+  SignalPayload,
+  SignalSchemas,
   StepOptions,
   WaitForSignalOptions,
   Workflow,

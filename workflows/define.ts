@@ -47,11 +47,14 @@ import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
-import type { Schema, WorkflowDefinition } from "../contracts/workflow.ts";
+import type { Schema, SignalSchemas, WorkflowDefinition } from "../contracts/workflow.ts";
+import { SIGNAL_NAME_PATTERN } from "../contracts/signals.ts";
 
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 export type {
   Schema,
+  SignalPayload,
+  SignalSchemas,
   WorkflowDefinition,
   WorkflowInput,
   WorkflowResult,
@@ -69,7 +72,8 @@ export type InputSchema<I> = Schema<I, unknown>;
  * calls (`step`, `stepKey`, `sleep`, `sleepUntil`, `waitForSignal`:
  * workflows/durable.ts).
  */
-export interface WorkflowContext extends DurableContext {
+export interface WorkflowContext<S extends SignalSchemas = SignalSchemas>
+  extends DurableContext<S> {
   /** The tenant the run belongs to. */
   tenantId: string;
   /** The run's id (a UUIDv7). */
@@ -91,13 +95,19 @@ export interface WorkflowContext extends DurableContext {
  * the output schema's input side when the definition has one), or throws
  * to fail the attempt (retried while attempts remain).
  */
-export type WorkflowHandler<I = unknown, R = unknown> = (
+export type WorkflowHandler<I = unknown, R = unknown, S extends SignalSchemas = SignalSchemas> = (
   input: I,
-  ctx: WorkflowContext,
+  ctx: WorkflowContext<S>,
 ) => R | Promise<R>;
 
 /** One version of one workflow, without its handler: what `defineWorkflow` takes. */
-export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
+export interface DefinitionOptions<
+  I = unknown,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = SignalSchemas,
+> {
   /** `[a-z][a-z0-9_.-]{0,99}`, e.g. `billing.invoice`. */
   name: string;
   /**
@@ -149,13 +159,30 @@ export interface DefinitionOptions<I = unknown, O = unknown, In = I, OIn = O> {
    * gets the current version, or the newest older one its tenant may start.
    */
   tenants?: readonly string[];
+  /**
+   * The signals the workflow waits for, each name's payload as a zod 4
+   * schema (`{ approval: z.object({ ok: z.boolean() }) }`): registered in
+   * the catalog as JSON Schema (the input side), the API refuses a signal
+   * of a declared name whose payload fails it (422 naming the field), and
+   * `ctx.waitForSignal("approval")` is typed by it. A name not declared
+   * takes any payload. Names as signals' (1-200 characters, no `#`).
+   */
+  signals?: S;
 }
 
+/** The signals of a workflow that declares none: each wait names its payload's type. */
+export type NoSignals = Record<never, never>;
+
 /** A definition with its handler: the one-call form of `defineWorkflow`. */
-export interface WorkflowOptions<I = unknown, O = unknown, In = I, OIn = O>
-  extends DefinitionOptions<I, O, In, OIn> {
+export interface WorkflowOptions<
+  I = unknown,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = SignalSchemas,
+> extends DefinitionOptions<I, O, In, OIn, S> {
   /** Returns the run's result (JSON), or throws to fail the attempt (retried while attempts remain). */
-  handler: WorkflowHandler<I, NoInfer<OIn>>;
+  handler: WorkflowHandler<I, NoInfer<OIn>, NoInfer<S>>;
 }
 
 /**
@@ -163,10 +190,15 @@ export interface WorkflowOptions<I = unknown, O = unknown, In = I, OIn = O>
  * `implement` (or `defineWorkflow` given a handler). It is a definition
  * too: the typed client takes it as well.
  */
-export interface Workflow<I = unknown, O = unknown, In = I, OIn = O>
-  extends WorkflowDefinition<I, O, In, OIn> {
+export interface Workflow<
+  I = unknown,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = SignalSchemas,
+> extends WorkflowDefinition<I, O, In, OIn, S> {
   /** The workflow's code. */
-  readonly handler: WorkflowHandler<I, OIn>;
+  readonly handler: WorkflowHandler<I, OIn, S>;
 }
 
 // Marks what defineWorkflow made, across copies of this module (a project
@@ -181,15 +213,27 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
  * version, schemas, max attempts, concurrency, tenants or handler is
  * invalid, so a bad definition fails where it is imported.
  */
-export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
-  options: WorkflowOptions<I, O, In, OIn>,
-): Workflow<I, O, In, OIn>;
+export function defineWorkflow<
+  I,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = NoSignals,
+>(
+  options: WorkflowOptions<I, O, In, OIn, S>,
+): Workflow<I, O, In, OIn, S>;
 /** Defines one version of a workflow without its handler; see the other form. */
-export function defineWorkflow<I, O = unknown, In = I, OIn = O>(
+export function defineWorkflow<
+  I,
+  O = unknown,
+  In = I,
+  OIn = O,
+  S extends SignalSchemas = NoSignals,
+>(
   // `handler?: undefined`: options whose handler does not fit fail here too,
   // rather than pass as a definition.
-  options: DefinitionOptions<I, O, In, OIn> & { handler?: undefined },
-): WorkflowDefinition<I, O, In, OIn>;
+  options: DefinitionOptions<I, O, In, OIn, S> & { handler?: undefined },
+): WorkflowDefinition<I, O, In, OIn, S>;
 export function defineWorkflow(
   options: DefinitionOptions & { handler?: unknown },
 ): WorkflowDefinition | Workflow {
@@ -205,10 +249,10 @@ export function defineWorkflow(
  * `TypeError` naming the workflow when `definition` was not made by
  * `defineWorkflow` or `handler` is not a function.
  */
-export function implement<I, O, In, OIn>(
-  definition: WorkflowDefinition<I, O, In, OIn>,
-  handler: WorkflowHandler<I, NoInfer<OIn>>,
-): Workflow<I, O, In, OIn> {
+export function implement<I, O, In, OIn, S extends SignalSchemas>(
+  definition: WorkflowDefinition<I, O, In, OIn, S>,
+  handler: WorkflowHandler<I, NoInfer<OIn>, NoInfer<S>>,
+): Workflow<I, O, In, OIn, S> {
   if (!isWorkflowDefinition(definition)) {
     throw new TypeError("implement: the definition must be made by defineWorkflow");
   }
@@ -218,7 +262,7 @@ export function implement<I, O, In, OIn>(
     );
   }
   const { name, version, input, output, maxAttempts, concurrency, tenants } = definition;
-  const { inputSchema, outputSchema } = definition;
+  const { inputSchema, outputSchema, signals, signalSchemas } = definition;
   return Object.freeze({
     name,
     version,
@@ -229,9 +273,11 @@ export function implement<I, O, In, OIn>(
     tenants,
     inputSchema,
     outputSchema,
+    signals,
+    signalSchemas,
     handler,
     [DEFINED]: true,
-  }) as Workflow<I, O, In, OIn>;
+  }) as Workflow<I, O, In, OIn, S>;
 }
 
 /** Whether `value` is a workflow a worker can host: made by `implement` or `defineWorkflow` with a handler. */
@@ -280,6 +326,7 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
   if (options.output !== undefined && !isZodLike(options.output)) {
     throw new TypeError(`workflow ${label}: output must be a zod schema`);
   }
+  const signals = checkedSignals(label, options.signals);
   return Object.freeze({
     name: options.name,
     version: options.version,
@@ -295,8 +342,40 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
     outputSchema: options.output === undefined
       ? undefined
       : Object.freeze(jsonSchema(options.output, "output")),
+    signals: signals && Object.freeze({ ...options.signals }),
+    signalSchemas: signals && Object.freeze(
+      Object.fromEntries(signals.map(([name, schema]) => [
+        name,
+        Object.freeze(jsonSchema(schema, "input")),
+      ])),
+    ),
     [DEFINED]: true,
   });
+}
+
+/** The declared signals, checked (names, zod schemas); undefined when none. */
+function checkedSignals(
+  label: string,
+  signals: unknown,
+): [string, Schema][] | undefined {
+  if (signals === undefined) return undefined;
+  if (typeof signals !== "object" || signals === null || Array.isArray(signals)) {
+    throw new TypeError(`workflow ${label}: signals must be an object of zod schemas by name`);
+  }
+  const entries = Object.entries(signals as Record<string, unknown>);
+  for (const [name, schema] of entries) {
+    if (!SIGNAL_NAME_PATTERN.test(name)) {
+      throw new TypeError(
+        `workflow ${label}: signal ${
+          JSON.stringify(name)
+        }: 1-200 characters, without # or control characters`,
+      );
+    }
+    if (!isZodLike(schema)) {
+      throw new TypeError(`workflow ${label}: signal ${name} must be a zod schema`);
+    }
+  }
+  return entries.length === 0 ? undefined : entries as [string, Schema][];
 }
 
 /**

@@ -17,6 +17,8 @@
  * @module
  */
 
+import type { SignalPayload, SignalSchemas } from "../contracts/workflow.ts";
+
 /** Options of `ctx.step`. */
 export interface StepOptions {
   /**
@@ -53,7 +55,7 @@ export interface Signal<T = unknown> {
  * a stored call's place, fails the run with `non-determinism`, for good.
  * Names are 1–200 characters, without `#` or control characters.
  */
-export interface DurableContext {
+export interface DurableContext<S extends SignalSchemas = SignalSchemas> {
   /**
    * Runs `fn` once per run: its result (JSON, at most RUN_STEP_MAX_BYTES)
    * is stored when it returns, and every later attempt gets the stored
@@ -85,8 +87,16 @@ export interface DurableContext {
    * before the wait started (signals are kept until a wait consumes them);
    * or null once `timeout` has passed. Each signal is returned to one wait
    * only. A wait longer than WORKER_SUSPEND_AFTER_MS suspends the run until
-   * the signal arrives (or the timeout).
+   * the signal arrives (or the timeout). A signal the workflow declares
+   * (`signals` of `defineWorkflow`) is typed by its schema (the API checked
+   * its payload against it); name another with its payload's type
+   * (`waitForSignal<{ ok: boolean }>("approval")`).
    */
+  waitForSignal<N extends keyof S & string>(
+    name: N,
+    options?: WaitForSignalOptions,
+  ): Promise<Signal<SignalPayload<S, N>> | null>;
+  /** A signal the workflow does not declare, its payload of type `T`; see the other form. */
   waitForSignal<T = unknown>(
     name: string,
     options?: WaitForSignalOptions,

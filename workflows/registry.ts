@@ -91,6 +91,7 @@ export class WorkflowRegistry {
       concurrency_limit: w.concurrency?.limit ?? null,
       concurrency_key: w.concurrency?.key ?? null,
       tenants: w.tenants?.join(",") ?? null,
+      signal_schemas: w.signalSchemas === undefined ? null : { ...w.signalSchemas },
     }));
   }
 }

@@ -16,6 +16,7 @@ import { UUID_PATTERN, uuidv7Floor } from "../../core/uuid.ts";
 import { HEADERS, ListRunsQuery } from "../../contracts/runs.ts";
 import type { Sql } from "../../db/pool.ts";
 import { selectRun, selectRunEvents } from "../../db/runs.ts";
+import { selectStepSummaries } from "../../db/run_steps.ts";
 import {
   selectAdmissionsPerMinute,
   selectTenantQueue,
@@ -176,11 +177,14 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
       ? await selectRun(sql, tenant, runId, { waiting: true })
       : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
-    const events = await selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS);
+    const [events, steps] = await Promise.all([
+      selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS),
+      selectStepSummaries(sql, tenant, runId),
+    ]);
     return c.html(
       <RunFragment
         tenant={tenant}
-        run={toRun(row)}
+        run={toRun(row, steps)}
         events={events.map(toRunEvent)}
         eventSeq={row.event_seq}
       />,

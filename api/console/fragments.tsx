@@ -17,6 +17,7 @@ import type { TenantQuota } from "../../db/tenant_quotas.ts";
 import { QuotaUse } from "./quota_use.tsx";
 import type { WaitingGroup, WaitingTotals } from "../../db/concurrency_overview.ts";
 import { ConcurrencyWaiting } from "./concurrency_waiting.tsx";
+import { DurableWait, signalable, SignalForm, StepTimeline } from "./durable.tsx";
 
 /** The run statuses a filter offers. */
 export const STATUSES = [
@@ -157,6 +158,9 @@ export function RunsFragment({ tenant, filter, runs, nextCursor, paged }: {
 
 /** What a queued run waits for; a concurrency limit with its key, limit and running runs. */
 function WaitingFor({ waiting }: { waiting: NonNullable<Run["waiting_for"]> }) {
+  if (waiting.reason === "sleep" || waiting.reason === "signal") {
+    return <DurableWait waiting={waiting} />;
+  }
   if (waiting.reason !== "concurrency") return <>{waiting.detail}</>;
   return (
     <>
@@ -260,6 +264,8 @@ export function RunFragment({ tenant, run, events, eventSeq }: {
             <Json id="run-result" value={run.result} />
           </>
         )}
+      {run.steps?.length ? <StepTimeline steps={run.steps} /> : ""}
+      {signalable(run) ? <SignalForm run={run} /> : ""}
       <h2>Events</h2>
       {events.length === 0
         ? <p class="muted">No events left: published events are purged after a while.</p>

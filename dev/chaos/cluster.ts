@@ -30,6 +30,8 @@ export interface ClusterOptions {
   pgRestart: boolean;
   /** The workers' `--workflows` module (an absolute path); unset: the built-ins. */
   workflowsModule?: string;
+  /** More of the workers' environment (e.g. WORKER_SUSPEND_AFTER_MS). */
+  workerEnv?: Record<string, string>;
   /** Workflow names setUp waits for in the catalog (registered by a worker) before it resolves. */
   workflows?: string[];
   say: (line: string) => void;
@@ -271,6 +273,7 @@ export class Cluster {
           WORKER_LEASE_MS: "3000",
           WORKER_POLL_MS: "500",
           WORKER_RETRY_BASE_MS: "200",
+          ...this.#opts.workerEnv,
         }), workerArgs)
       ),
       slot("outbox", "outbox", () => ({

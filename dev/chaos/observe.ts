@@ -182,7 +182,7 @@ export async function selectUnpublished(sql: Sql): Promise<UnpublishedEvent[]> {
 export interface DrainState {
   /** Dispatch messages not yet committed by the relay group. */
   lag: number;
-  /** Runs queued or running. */
+  /** Runs queued, running or waiting (a waiting run is woken by its deadline). */
   open: number;
   /** Events neither published nor parked. */
   unpublished: number;
@@ -191,7 +191,7 @@ export interface DrainState {
 /** Counts of open runs and of events waiting to be published. */
 export async function databaseBacklog(sql: Sql): Promise<{ open: number; unpublished: number }> {
   const [runs] = await sql<{ n: number }[]>`
-    select count(*)::int as n from runs where status in ('queued', 'running')`;
+    select count(*)::int as n from runs where status in ('queued', 'running', 'waiting')`;
   const unpublished = (await selectUnpublished(sql)).filter((e) => !e.parked).length;
   return { open: runs.n, unpublished };
 }

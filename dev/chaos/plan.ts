@@ -49,6 +49,8 @@ export interface PlannedMessage {
   race: boolean;
   /** Runs of the limited workflow (KEYED): the concurrency group its input names. */
   group?: string;
+  /** Runs of the durable workflow (DURABLE): how long its sleep lasts. */
+  sleepMs?: number;
 }
 
 /** A poison message: one of the planned messages, of a poison kind. */
@@ -62,6 +64,11 @@ export interface PlanOptions {
   seed: number;
   /** The API's body limit: oversized bodies are made larger, oversized results just under. */
   bodyLimit: number;
+  /**
+   * Where durable runs record their step calls (the chaos database's URL),
+   * in their input: handlers get no environment to find it in.
+   */
+  stepCallsUrl?: string;
 }
 
 export interface Plan {
@@ -73,6 +80,8 @@ export interface Plan {
   poison: PoisonMessage[];
   /** The limited workflow and its limit per concurrency group, as its definition declares. */
   limited: { workflow: string; limit: number };
+  /** The durable workflow (DURABLE) and its steps, in call order. */
+  durable: { workflow: string; steps: readonly string[]; sleep: string };
 }
 
 /**
@@ -85,6 +94,7 @@ const SHARES = {
   poison: 0.01,
   race: 0.1,
   keyed: 0.25,
+  durable: 0.15,
 } as const;
 
 /**
@@ -101,6 +111,23 @@ export const KEYED = {
   groups: 8,
   minMs: 300,
   maxMs: 3000,
+} as const;
+
+/**
+ * The durable workflow of the workload (dev/chaos/workflows.ts defines it):
+ * a step, a sleep of `minSleepMs` to `maxSleepMs` (longer than the workers'
+ * WORKER_SUSPEND_AFTER_MS, `suspendAfterMs`, so that it suspends the run),
+ * then two more steps. Each step's function records one call through its
+ * own connection (dev/chaos/step_calls.ts), so that a step run again after
+ * its result was stored shows up as a second call.
+ */
+export const DURABLE = {
+  workflow: "chaos.durable",
+  steps: ["charge", "ship", "notify"],
+  sleep: "cool-off",
+  suspendAfterMs: 300,
+  minSleepMs: 1000,
+  maxSleepMs: 4000,
 } as const;
 
 /** mulberry32: a small, fast, seedable PRNG (the workload, not security). */
@@ -217,6 +244,24 @@ function tenantMessages(
       });
       continue;
     }
+    if (random() < SHARES.durable) {
+      const sleepMs = DURABLE.minSleepMs +
+        Math.floor(random() * (DURABLE.maxSleepMs - DURABLE.minSleepMs));
+      list.push({
+        tenant,
+        key: `${tenant}/${dispatchKey}`,
+        value: body({
+          workflow_ref: DURABLE.workflow,
+          input: { i, key: dispatchKey, sleep_ms: sleepMs, calls_url: opts.stepCallsUrl ?? "" },
+          dispatch_key: dispatchKey,
+        }),
+        kind: "fresh",
+        dispatchKey,
+        race,
+        sleepMs,
+      });
+      continue;
+    }
     list.push({
       tenant,
       key: `${tenant}/${dispatchKey}`,
@@ -255,7 +300,8 @@ function tenantMessages(
  * about 20 % redeliveries on each; about 1 % poison (at least one of each
  * kind) on the poisoned tenant; about 10 % of fresh keys raced over HTTP;
  * about 25 % of fresh keys runs of the limited workflow (KEYED), over its
- * groups on each tenant.
+ * groups on each tenant; about 11 % (15 % of the rest) runs of the durable
+ * workflow (DURABLE).
  */
 export function plan(opts: PlanOptions): Plan {
   const random = prng(opts.seed);
@@ -285,5 +331,11 @@ export function plan(opts: PlanOptions): Plan {
     if (random() * (left + right) < left) messages.push(a[i++]);
     else messages.push(b[j++]);
   }
-  return { messages, keys, poison, limited: { workflow: KEYED.workflow, limit: KEYED.limit } };
+  return {
+    messages,
+    keys,
+    poison,
+    limited: { workflow: KEYED.workflow, limit: KEYED.limit },
+    durable: { workflow: DURABLE.workflow, steps: DURABLE.steps, sleep: DURABLE.sleep },
+  };
 }

@@ -5,7 +5,9 @@
  * down. See dev/chaos.ts for the command.
  */
 import { Cluster } from "./cluster.ts";
-import { KEYED, type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
+import { DURABLE, KEYED, type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
+import { createStepCalls, selectDurableRuns } from "./step_calls.ts";
+import { describeDurable } from "./verdict_durable.ts";
 import {
   databaseBacklog,
   type DrainState,
@@ -93,7 +95,9 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
     bodyLimit: BODY_LIMIT,
     pgRestart: opts.pgRestart,
     workflowsModule: WORKFLOWS_MODULE,
-    workflows: ["echo", KEYED.workflow],
+    workflows: ["echo", KEYED.workflow, DURABLE.workflow],
+    // Lower than the durable runs' sleeps: each suspends its run.
+    workerEnv: { WORKER_SUSPEND_AFTER_MS: String(DURABLE.suspendAfterMs) },
     say,
   });
   let tornDown: Promise<void> | undefined;
@@ -116,11 +120,13 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
         `run directory ${dir}`,
     );
     await cluster.setUp();
+    await createStepCalls(cluster.sql);
     const workload = plan({
       messages: opts.messages,
       tenants: TENANTS,
       seed: opts.seed,
       bodyLimit: BODY_LIMIT,
+      stepCallsUrl: cluster.dbUrl,
     });
     const random = prng(opts.seed ^ 0x5eed);
     const callersDone = new AbortController();
@@ -216,6 +222,7 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
         `(${l.failedSamples} failed): at most ${l.maxRunning} running in a group, ` +
         `${l.contended} samples with a group at its limit and runs waiting`,
     );
+    say(describeDurable(workload.durable.workflow, result.info.durable));
     console.log(
       `chaos: ${workload.messages.length} msgs, ${keys} keys, ${total} faults | ` +
         COUNTERS.map((c) => `${c}=${result.counts[c]}`).join(" ") +
@@ -422,7 +429,8 @@ async function observe(cluster: Cluster, workload: Plan) {
   const runs = await retrying(() => selectRuns(cluster.sql));
   const unpublished = await retrying(() => selectUnpublished(cluster.sql));
   const finalSlots = await retrying(() => selectSlotGroups(cluster.sql));
-  return { runs, events, deadLetters, dispatchCopies, unpublished, finalSlots };
+  const durable = await retrying(() => selectDurableRuns(cluster.sql, DURABLE.workflow));
+  return { runs, events, deadLetters, dispatchCopies, unpublished, finalSlots, durable };
 }
 
 /** A read of the database, retried through what is left of a connection kill. */

@@ -7,6 +7,8 @@
 import type { Plan, PoisonKind, PoisonMessage } from "./plan.ts";
 import type { RunRow, SlotGroup, UnpublishedEvent } from "./observe.ts";
 import type { SlotSample } from "./sampler.ts";
+import type { DurableRun } from "./step_calls.ts";
+import { checkDurable, DURABLE_COUNTERS, type DurableInfo } from "./verdict_durable.ts";
 
 /** Every invariant, in the order the summary line prints them. */
 export const COUNTERS = [
@@ -30,7 +32,7 @@ export const COUNTERS = [
   "dlq_extra",
   /** HTTP callers that got no run, an error, or another run than the key's. */
   "http",
-  /** Runs (echo, chaos.keyed) that ended `failed` (they have nothing to fail on). */
+  /** Runs (echo, chaos.keyed, chaos.durable) that ended `failed` (they have nothing to fail on). */
   "failed",
   /** Processes that exited on their own (the harness restarts them, as an orchestrator would). */
   "crashes",
@@ -46,6 +48,8 @@ export const COUNTERS = [
    * whose row's limit is not the definition's).
    */
   "slotdrift",
+  /** Durable runs' steps and sleeps (dev/chaos/verdict_durable.ts). */
+  ...DURABLE_COUNTERS,
   /** Violations above that concern the clean tenant. */
   "tenant_b",
 ] as const;
@@ -106,6 +110,8 @@ export interface Observed {
   uncommitted: Map<string, number>;
   /** The concurrency groups: sampled while the run lasted, and read once after the drain. */
   slots: { samples: SlotSample[]; failed: number; final: SlotGroup[] };
+  /** The runs of the durable workflow, with their stored steps and recorded step calls. */
+  durable: DurableRun[];
 }
 
 /** What the sampler saw of the limited workflow's groups: evidence the limit was exercised. */
@@ -132,6 +138,7 @@ export interface Verdict {
     runs: number;
     events: number;
     limited: LimitInfo;
+    durable: DurableInfo;
   };
 }
 
@@ -230,6 +237,7 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
   for (const c of seen.crashes) flag("crashes", "", c);
 
   const limited = checkLimits(plan, seen, flag);
+  const durable = checkDurable(plan, seen.durable, flag);
 
   for (const [partition, n] of seen.uncommitted) {
     if (n > 0) {
@@ -252,6 +260,7 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
       runs: seen.runs.length,
       events: seen.events.length,
       limited,
+      durable,
     },
   };
 }

@@ -1,13 +1,13 @@
 /**
  * Places an order and approves it: admits `shop.order@1`, waits until the
  * run waits for its approval (charged, suspended), sends the approval signal
- * (with the typed client's `signalRun`; `curl` would do as well), then waits
+ * (with the client's `signal`; `curl` would do as well), then waits
  * for the run to ship. Prints one JSON line per stage; exits 1 unless the
  * order shipped.
  *
  *   POIMEN_TOKEN=<tenant token> deno task submit
  */
-import { PoimenClient, type Run, signalRun } from "@poimen/poimen/client";
+import { PoimenClient, type Run } from "@poimen/poimen/client";
 
 function env(name: string, fallback?: string): string {
   const value = Deno.env.get(name) ?? fallback;
@@ -64,7 +64,7 @@ const waiting = await poll("the approval wait", async () => {
 say("awaiting approval", waiting);
 
 // The approval, with an id of its own: sending it again is one signal.
-await signalRun(poimen, run.run_id, {
+await poimen.signal(run.run_id, {
   name: "approval",
   payload: { approved: true, by: "alice" },
   signal_id: `approval-${orderId}`,

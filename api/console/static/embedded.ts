@@ -64,6 +64,7 @@ async function loadFragment() {
     return showError(await problemText(res));
   }
   place(main, await res.text());
+  showSignalOutcome();
   document.body.dataset.loaded = "true";
 }
 
@@ -231,6 +232,70 @@ async function cancelRun(button) {
   await loadFragment();
 }
 
+// The answer to the last signal sent from this page: kept across fragment
+// reloads (the signal's own event reloads the fragment), shown as text.
+let signalOutcome;
+
+function showSignalOutcome() {
+  const box = document.getElementById("signal-outcome");
+  const form = document.getElementById("signal");
+  if (!box || !form || signalOutcome?.runId !== form.dataset.signal) return;
+  box.dataset.outcome = signalOutcome.kind;
+  box.dataset.httpStatus = String(signalOutcome.status);
+  box.textContent = signalOutcome.text;
+  box.hidden = false;
+}
+
+// What each answer of POST /v1/runs/{id}/signals means for the person.
+const SIGNAL_ANSWERS = {
+  201: ["sent", "Sent (201)"],
+  200: ["replayed", "Already sent (200), nothing new stored"],
+  409: ["refused", "Refused (409): the run is finished and takes no more signals"],
+  422: ["invalid", "Invalid (422)"],
+};
+
+async function sendSignal(form) {
+  const runId = form.dataset.signal;
+  const f = form.elements;
+  const report = (kind, status, text) => {
+    signalOutcome = { runId, kind, status, text };
+    showSignalOutcome();
+  };
+  let payload;
+  try {
+    payload = JSON.parse(f.payload.value.trim() || "null");
+  } catch (err) {
+    return report("invalid", 0, \`Not sent: the payload is not JSON (\${err.message})\`);
+  }
+  const body = { name: f.name.value, payload };
+  if (f.signal_id.value.trim()) body.signal_id = f.signal_id.value.trim();
+  const button = form.querySelector("button[type=submit]");
+  button.disabled = true;
+  try {
+    const res = await fetch(\`/v1/runs/\${encodeURIComponent(runId)}/signals\`, {
+      method: "POST",
+      headers: { ...headers(), "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    if (res.status === 401) {
+      sessionStorage.removeItem(TOKEN);
+      return toLogin();
+    }
+    const [kind, label] = SIGNAL_ANSWERS[res.status] ?? ["error", \`Failed (\${res.status})\`];
+    if (res.ok) {
+      const r = await res.json();
+      const taken = r.consumed_by ? \`taken by wait \${r.consumed_by}\` : "kept until a wait takes it";
+      report(
+        kind,
+        res.status,
+        \`\${label}: signal \${r.name}, id \${r.signal_id}, \${taken}; the run is \${r.run_status}\`,
+      );
+    } else report(kind, res.status, \`\${label}: \${await problemText(res)}\`);
+  } finally {
+    button.disabled = false;
+  }
+}
+
 async function logIn(form) {
   const token = form.elements.token.value.trim();
   const tenant = form.elements.tenant.value.trim();
@@ -267,6 +332,13 @@ function start() {
   document.addEventListener("click", (e) => {
     const button = e.target instanceof Element ? e.target.closest("button[data-cancel]") : null;
     if (button) cancelRun(button).catch((err) => showError(String(err)));
+  });
+  // The signal form comes with the fragment: one listener for every load.
+  document.addEventListener("submit", (e) => {
+    const form = e.target instanceof HTMLFormElement && e.target.dataset.signal ? e.target : null;
+    if (!form) return;
+    e.preventDefault();
+    sendSignal(form).catch((err) => showError(String(err)));
   });
   if (document.body.dataset.live) {
     document.getElementById("live-refresh").addEventListener("click", () => {
@@ -564,5 +636,45 @@ svg.chart text {
 #events td:nth-child(3),
 time {
   white-space: nowrap;
+}
+/* A durable run's steps: a completed step reads like a succeeded run. */
+.status-completed {
+  color: #1d6b3a;
+  border-color: #99d1ac;
+  background: #edf8f1;
+}
+.step-error {
+  color: #8a1f1f;
+}
+/* The signal form (a run page): app.js sends it and writes its answer below. */
+form.signal {
+  display: flex;
+  flex-wrap: wrap;
+  gap: 0.75rem;
+  align-items: end;
+}
+form.signal textarea {
+  font: 12px ui-monospace, monospace;
+  min-width: 18rem;
+  padding: 0.35rem 0.5rem;
+  border: 1px solid var(--line);
+}
+#signal-outcome {
+  padding: 0.5rem 0.8rem;
+  border: 1px solid var(--line);
+  border-radius: 4px;
+}
+#signal-outcome[data-outcome="sent"],
+#signal-outcome[data-outcome="replayed"] {
+  color: #1d6b3a;
+  border-color: #99d1ac;
+  background: #edf8f1;
+}
+#signal-outcome[data-outcome="refused"],
+#signal-outcome[data-outcome="invalid"],
+#signal-outcome[data-outcome="error"] {
+  color: #8a1f1f;
+  border-color: #e3b4b4;
+  background: #fdf1f1;
 }
 `;

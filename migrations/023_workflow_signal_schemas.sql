@@ -1,0 +1,13 @@
+-- The signals a workflow version declares (`signals`, a zod schema per
+-- signal name, workflows/define.ts): an object of signal name -> JSON Schema
+-- (draft 2020-12, the input side) of its payload. The API checks a signal's
+-- payload against its name's schema (`POST /v1/runs/{id}/signals`, 422 naming
+-- the field); a name the version does not declare takes any JSON. null: the
+-- version declares none, which is what every version registered before this
+-- migration says. Part of the version's immutable definition, like its input
+-- and output: a worker registering the version with other signals refuses to
+-- start (workflow-conflict).
+--
+-- Adding a nullable column without a default rewrites nothing; the table
+-- holds one row per deployed version.
+alter table workflow_versions add column signal_schemas jsonb;
