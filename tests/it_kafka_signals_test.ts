@@ -5,8 +5,9 @@
  * reaches it through the inbox relay and `POST /v1/runs/{id}/signals`, and
  * is one signal however often it is delivered: a second relay group reading
  * the topic again replays every message. A signal to a finished run, to an
- * unknown run, and malformed messages are dead-lettered while the partition
- * drains on to the valid signal behind them.
+ * unknown run, with a payload its declared schema refuses, and malformed
+ * messages are dead-lettered while the partition drains on to the valid
+ * signals behind them.
  *
  *   deno test -A tests/it_kafka_signals_test.ts
  */
@@ -40,6 +41,17 @@ export const approval = defineWorkflow({
     return { payload: got?.payload ?? null, signal_id: got?.signal_id ?? null };
   },
 });
+// The same, with its signal's payload declared: the API refuses another (422).
+export const declared = defineWorkflow({
+  name: "ks.declared",
+  version: 1,
+  input: z.object({ order: z.string() }),
+  signals: { approval: z.object({ ok: z.boolean() }) },
+  async handler(_input, ctx) {
+    const got = await ctx.waitForSignal("approval", { timeout: 600_000 });
+    return { payload: got?.payload ?? null, signal_id: got?.signal_id ?? null };
+  },
+});
 `;
 
 interface Ctx {
@@ -49,8 +61,8 @@ interface Ctx {
   token: string;
   publisher: DispatchPublisher;
   startRelay(group: string): PoimenProcess;
-  /** Admits a run of ks.approval and waits until it is suspended, waiting for its signal. */
-  waitingRun(order: string): Promise<string>;
+  /** Admits a run of `workflow` (ks.approval) and waits until it is suspended, waiting for its signal. */
+  waitingRun(order: string, workflow?: string): Promise<string>;
   run(runId: string): Promise<{ status: string; result: unknown }>;
 }
 
@@ -87,11 +99,11 @@ function signalsTest(name: string, fn: (ctx: Ctx) => Promise<void>) {
         }, ["--workflows", `${dir}/workflows.ts`]);
         processes.push(worker);
         await api.ready();
-        await waitFor("the worker registered ks.approval", async () => {
+        await waitFor("the worker registered its workflows", async () => {
           if (worker.exited) throw new Error(`worker exited:\n${worker.logs().join("\n")}`);
           const [row] = await db.sql<{ n: number }[]>`
             select count(*)::int as n from workflow_workers
-             where 'ks.approval@1' = any (workflows) and expires_at > now()`;
+             where workflows @> array['ks.approval@1', 'ks.declared@1'] and expires_at > now()`;
           return row.n === 1;
         }, LONG);
         const call = async (path: string, body?: unknown) => {
@@ -126,9 +138,9 @@ function signalsTest(name: string, fn: (ctx: Ctx) => Promise<void>) {
             processes.push(relay);
             return relay;
           },
-          async waitingRun(order) {
+          async waitingRun(order, workflow = "ks.approval") {
             const admitted = await call("/v1/runs", {
-              workflow_ref: "ks.approval",
+              workflow_ref: workflow,
               input: { order },
             });
             assert.equal(admitted.status, 201, JSON.stringify(admitted.json));
@@ -237,7 +249,7 @@ signalsTest(
 );
 
 signalsTest(
-  "a signal to a finished or unknown run and malformed messages are dead-lettered; the partition drains on",
+  "a signal to a finished or unknown run, a payload its schema refuses and malformed messages are dead-lettered; the partition drains on",
   async ({ db, tenant, api, token, publisher, startRelay, waitingRun, run }) => {
     const cancelled = await waitingRun("o-cancelled");
     const res = await fetch(`${api.url}/v1/runs/${cancelled}/cancel`, {
@@ -251,8 +263,9 @@ signalsTest(
       LONG,
     );
     const waiting = await waitingRun("o-waiting");
+    const strict = await waitingRun("o-strict", "ks.declared");
     const unknown = crypto.randomUUID();
-    // In this order on the one partition: four that can never be sent, then a good one.
+    // In this order on the one partition: five that can never be sent, then good ones.
     const poison = [
       { value: "{not json" },
       { value: JSON.stringify({ name: "approval", payload: 1 }) },
@@ -269,7 +282,9 @@ signalsTest(
     }
     await publisher.signal(tenant, { run_id: cancelled, name: "approval", signal_id: "late" });
     await publisher.signal(tenant, { run_id: unknown, name: "approval" });
+    await publisher.signal(tenant, { run_id: strict, name: "approval", payload: { ok: "no" } });
     await publisher.signal(tenant, { run_id: waiting, name: "approval", payload: "yes" });
+    await publisher.signal(tenant, { run_id: strict, name: "approval", payload: { ok: true } });
 
     const { got, consumer } = consume(dlqTopic(tenant));
     try {
@@ -279,17 +294,25 @@ signalsTest(
         return r.status === "succeeded" ? r : undefined;
       }, LONG);
       assert.deepEqual((done.result as { payload: unknown }).payload, "yes");
-      await waitFor("four dead letters", () => got.length === 4, LONG);
+      const approved = await waitFor("the declared run took its valid signal", async () => {
+        const r = await run(strict);
+        return r.status === "succeeded" ? r : undefined;
+      }, LONG);
+      assert.deepEqual((approved.result as { payload: unknown }).payload, { ok: true });
+      await waitFor("five dead letters", () => got.length === 5, LONG);
       // Written as each was judged (calls run side by side): in their source's order here.
       got.sort((a, b) =>
         Number(a.headers[DLQ_HEADERS.offset]) - Number(b.headers[DLQ_HEADERS.offset])
       );
       assert.deepEqual(
         got.map((m) => [m.headers[DLQ_HEADERS.reason], m.headers[DLQ_HEADERS.status]]),
-        [["bad-json", "none"], ["validation", "none"], ["run-finished", "409"], [
-          "not-found",
-          "404",
-        ]],
+        [
+          ["bad-json", "none"],
+          ["validation", "none"],
+          ["run-finished", "409"],
+          ["not-found", "404"],
+          ["validation", "422"],
+        ],
       );
       for (const m of got) {
         assert.equal(m.headers[DLQ_HEADERS.topic], signalsTopic(tenant));
@@ -303,10 +326,11 @@ signalsTest(
       await waitFor(
         "the relay counted them",
         async () =>
-          await relayed(relay, "dead_lettered") === 4 && await relayed(relay, "created") === 1,
+          await relayed(relay, "dead_lettered") === 5 && await relayed(relay, "created") === 2,
         LONG,
       );
       assert.deepEqual(await signalRows(db, cancelled), []);
+      assert.equal((await signalRows(db, strict)).length, 1, "the refused payload stored nothing");
     } finally {
       await consumer.close();
     }
