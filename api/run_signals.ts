@@ -7,7 +7,10 @@
  * `Idempotent-Replayed: true` for one seen before, 409 `run-finished` for
  * a final run, 404 for no such run (another tenant's included), 422 for a
  * payload that fails the schema the run's version declares for the signal
- * (`signals` of `defineWorkflow`, migration 023), naming the field.
+ * (`signals` of `defineWorkflow`, migration 023), naming the field. A
+ * `signal_id` with the relay's prefix `kafka:` is a 422, unless a service
+ * token sends it as its own `Poimen-Source`, as the inbox relay does for a
+ * signal message without an id (as dispatch keys, api/runs.ts).
  */
 import type { Context } from "hono";
 import { PoimenError } from "../core/errors.ts";
@@ -18,7 +21,7 @@ import type { Admission } from "../admission/admit.ts";
 import { sendSignal } from "../db/signals.ts";
 import { notifyChannels, OUTBOX_CHANNEL, QUEUE_CHANNEL } from "../db/notify.ts";
 import { HEADERS } from "../contracts/runs.ts";
-import { SignalReceipt, SignalRequest } from "../contracts/signals.ts";
+import { RELAY_SIGNAL_ID_PREFIX, SignalReceipt, SignalRequest } from "../contracts/signals.ts";
 import type { ApiEnv } from "./app.ts";
 import type { ApiMetrics } from "./metrics.ts";
 import { parseJsonBody, parseWith } from "./request.ts";
@@ -39,6 +42,7 @@ export async function answerSignal(deps: SignalDeps, c: Context<ApiEnv>): Promis
   const runId = c.req.param("run_id") ?? "";
   const tenantId = c.get("principal").tenantId;
   const body = parseWith(SignalRequest, await parseJsonBody(c, deps.readTimeoutMs));
+  refuseReservedId(body.signal_id, c);
   // Not a uuid cannot be anyone's run: 404, as for GET.
   if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
   // Without an id, each call is a new signal (as a run without a dispatch key).
@@ -85,4 +89,23 @@ export async function answerSignal(deps: SignalDeps, c: Context<ApiEnv>): Promis
   if (created) return c.json(receipt, 201);
   c.header(HEADERS.replayed, "true");
   return c.json(receipt, 200);
+}
+
+/**
+ * Refuses a signal id in the relay's reserved namespace unless a service
+ * token sends it as the id of its own `Poimen-Source`: no caller can take
+ * the id of a signal message not yet relayed, which would make that message
+ * a replay of the caller's signal.
+ */
+function refuseReservedId(id: string | null | undefined, c: Context<ApiEnv>): void {
+  if (id == null || !id.startsWith(RELAY_SIGNAL_ID_PREFIX)) return;
+  const principal = c.get("principal");
+  if (principal.kind === "service" && c.req.header(HEADERS.source) === id) return;
+  throw new PoimenError("validation", "the request does not match the schema", {
+    errors: [{
+      path: "signal_id",
+      message:
+        `the prefix ${RELAY_SIGNAL_ID_PREFIX} is reserved for the ids the inbox relay derives`,
+    }],
+  });
 }

@@ -2,7 +2,8 @@
  * `deno task dlq <tenant> [--redrive]`: lists a tenant's dead letters
  * (`poimen.<tenant>.dispatch.dlq`), one line each, read from the start with a
  * throwaway consumer that commits nothing. With `--redrive`, publishes each
- * back to `poimen.<tenant>.dispatch` (same key, value and original headers,
+ * back to `poimen.<tenant>.dispatch` (a signal's to `poimen.<tenant>.signals`;
+ * same key, value and original headers,
  * without the `poimen-dlq-*` ones) and says, for each, whether a run was
  * created or already existed, asking the API by `dispatch_key` (needs a token
  * in POIMEN_TOKEN or RELAY_TOKEN; without one it can only say "republished").
@@ -22,7 +23,7 @@ import { type ConsumedMessage, createConsumer } from "../kafka/consumer.ts";
 import { createAdmin } from "../kafka/admin.ts";
 import type { KafkaClientOptions } from "../kafka/client.ts";
 import { createProducer } from "../kafka/producer.ts";
-import { dlqTopic, isTenantId } from "../contracts/topics.ts";
+import { dlqTopic, isTenantId, signalsTopic } from "../contracts/topics.ts";
 import { type CommandSpec, parseCommandLine, usageError } from "../core/command_line.ts";
 
 const DlqEnv = z.object({
@@ -88,9 +89,10 @@ export async function main(args: string[]): Promise<number> {
     keys.map((k) => k && api ? api.find(k).catch(() => null) : undefined),
   );
 
+  const republished = letters.map((m) => redriven(tenant, m));
   const producer = createProducer({ ...kafka, retries: 10 });
   try {
-    await producer.send(letters.map((m) => redriven(tenant, m)));
+    await producer.send(republished);
   } finally {
     await producer.close();
   }
@@ -100,6 +102,8 @@ export async function main(args: string[]): Promise<number> {
   const results = await Promise.all(letters.map(async (m, i) => {
     const key = keys[i];
     const at = position(m);
+    // A signal has no run to look up: the relay dead-letters it again if it still cannot be sent.
+    if (republished[i].topic === signalsTopic(tenant)) return `${at}: republished as a signal`;
     if (key === undefined) return `${at}: republished (no dispatch_key: cannot tell its run)`;
     if (!api) return `${at}: republished (no POIMEN_TOKEN/RELAY_TOKEN: not checked)`;
     const had = before[i];
@@ -118,7 +122,11 @@ export async function main(args: string[]): Promise<number> {
     }
   }));
   for (const line of results) console.log(line);
-  console.log(`${letters.length} dead letter(s) republished to poimen.${tenant}.dispatch`);
+  const signals = republished.filter((m) => m.topic === signalsTopic(tenant)).length;
+  console.log(
+    `${letters.length - signals} dead letter(s) republished to poimen.${tenant}.dispatch` +
+      (signals > 0 ? `, ${signals} to poimen.${tenant}.signals` : ""),
+  );
   return 0;
 }
 

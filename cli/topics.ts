@@ -1,6 +1,6 @@
 /**
- * `deno task topics <tenant>…`: declares each tenant's `events`, `dispatch`
- * and `dispatch.dlq` topics (partitions, replication factor and retention
+ * `deno task topics <tenant>…`: declares each tenant's `events`, `dispatch`,
+ * `dispatch.dlq` and `signals` topics (partitions, replication factor and retention
  * from TOPIC_*), idempotently. Prints one line per topic.
  */
 import { createAdmin } from "../kafka/admin.ts";
@@ -13,10 +13,9 @@ const COMMAND = {
   name: "topics",
   synopsis: "<tenant>…",
   description: `
-Declares each tenant's events, dispatch and dispatch.dlq topics (partitions,
-replication factor and retention from TOPIC_*, max.message.bytes from
-EVENTS_MAX_MESSAGE_BYTES), idempotently. Prints one line
-per topic.`,
+Declares each tenant's events, dispatch, dispatch.dlq and signals topics
+(partitions, replication factor and retention from TOPIC_*, max.message.bytes
+from EVENTS_MAX_MESSAGE_BYTES), idempotently. Prints one line per topic.`,
   positionals: { min: 1, max: Infinity },
   env: KafkaCliEnv,
 } satisfies CommandSpec;

@@ -7,7 +7,7 @@
 import { z } from "zod";
 import type * as Wire from "./wire.ts";
 import { JsonValue } from "./json_value.ts";
-import { RunStatus } from "./runs.ts";
+import { RELAY_KEY_PREFIX, RunStatus } from "./runs.ts";
 
 /**
  * A signal's name, the name of the wait that takes it (`ctx.waitForSignal`):
@@ -26,10 +26,30 @@ export const SignalRequest = z.strictObject({
   signal_id: z.string().min(1).max(255).regex(PRINTABLE, "printable characters only").nullable()
     .optional().describe(
       "The signal's identity: the same (run, name, signal_id) is one signal, and sending it " +
-        "again is a replay (200). 1-255 printable characters; absent: each call a new signal",
+        "again is a replay (200). 1-255 printable characters; absent: each call a new signal. " +
+        "The prefix `kafka:` is reserved to the inbox relay",
     ),
 });
 export type SignalRequest = z.infer<typeof SignalRequest>;
+
+/**
+ * The prefix of the signal ids the inbox relay derives for a signal message
+ * without one (`kafka:<topic>/<partition>/<offset>`, its `Poimen-Source`
+ * too). Reserved as dispatch keys are (contracts/runs.ts `RELAY_KEY_PREFIX`,
+ * the same prefix): only a service token may send one, and only the id equal
+ * to its request's `Poimen-Source`, so no caller can take the id of a message
+ * not yet relayed and have that message replay the caller's signal.
+ */
+export const RELAY_SIGNAL_ID_PREFIX: string = RELAY_KEY_PREFIX;
+
+/**
+ * A message of `poimen.<tenant>.signals` (keyed `<tenant>/<run_id>`): the
+ * run, and the `POST /v1/runs/{run_id}/signals` body the relay sends.
+ */
+export const SignalMessage = SignalRequest.extend({
+  run_id: z.uuid().describe("The run the signal is for"),
+});
+export type SignalMessage = z.infer<typeof SignalMessage>;
 
 /** A signal as the run's mailbox holds it: the answer to a signal. */
 export const SignalReceipt = z.object({
@@ -50,5 +70,6 @@ type Same<A, B> = (<T>() => T extends A ? 1 : 2) extends (<T>() => T extends B ?
 const sameShapes: [
   Same<SignalRequest, Wire.SignalRequest>,
   Same<SignalReceipt, Wire.SignalReceipt>,
-] = [true, true];
+  Same<SignalMessage, Wire.SignalMessage>,
+] = [true, true, true];
 void sameShapes;

@@ -3,8 +3,9 @@
  * only needs a name (the API, publishers, tests) does not load the client.
  *
  * Per tenant: `poimen.<tenant>.events` (outbound), `poimen.<tenant>.dispatch`
- * (inbound) and `poimen.<tenant>.dispatch.dlq` (dead letters). Tenant ids
- * never contain a dot, so the tenant is always the second dot-separated part.
+ * and `poimen.<tenant>.signals` (inbound) and `poimen.<tenant>.dispatch.dlq`
+ * (dead letters of both inbound topics). Tenant ids never contain a dot, so
+ * the tenant is always the second dot-separated part.
  */
 
 /**
@@ -42,20 +43,35 @@ export function dispatchTopic(tenant: string): string {
   return `${PREFIX}${checked(tenant)}.dispatch`;
 }
 
-/** `poimen.<tenant>.dispatch.dlq`: dispatch messages the relay gave up on. */
+/**
+ * `poimen.<tenant>.dispatch.dlq`: dispatch and signal messages the relay gave
+ * up on (a dead letter's `poimen-dlq-topic` header says which).
+ */
 export function dlqTopic(tenant: string): string {
   return `${PREFIX}${checked(tenant)}.dispatch.dlq`;
 }
 
-/** The three topics of a tenant, in declaration order. */
-export function tenantTopics(tenant: string): [events: string, dispatch: string, dlq: string] {
-  return [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant)];
+/** `poimen.<tenant>.signals`: signals for runs the inbox relay sends (`POST /v1/runs/{id}/signals`). */
+export function signalsTopic(tenant: string): string {
+  return `${PREFIX}${checked(tenant)}.signals`;
+}
+
+/** The four topics of a tenant, in declaration order. */
+export function tenantTopics(
+  tenant: string,
+): [events: string, dispatch: string, dlq: string, signals: string] {
+  return [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant), signalsTopic(tenant)];
 }
 
 /** Matches every tenant's dispatch topic (and nothing else, not the DLQs). */
 export const DISPATCH_TOPIC_PATTERN: RegExp = new RegExp(`^poimen\\.(${TENANT_ID})\\.dispatch$`);
 
-const TENANT_TOPIC = new RegExp(`^poimen\\.(${TENANT_ID})\\.(?:events|dispatch|dispatch\\.dlq)$`);
+/** Matches every tenant's signals topic. */
+export const SIGNALS_TOPIC_PATTERN: RegExp = new RegExp(`^poimen\\.(${TENANT_ID})\\.signals$`);
+
+const TENANT_TOPIC = new RegExp(
+  `^poimen\\.(${TENANT_ID})\\.(?:events|dispatch|dispatch\\.dlq|signals)$`,
+);
 
 /** The tenant a poimen topic belongs to, or `undefined` for any other topic. */
 export function tenantOfTopic(topic: string): string | undefined {
@@ -73,5 +89,13 @@ export function dispatchMessageKey(tenant: string, dispatchKey?: string | null):
 
 /** Key of an event message: `<tenant>/<run_id>`, so a run's events stay in order on one partition. */
 export function eventMessageKey(tenant: string, runId: string): string {
+  return `${checked(tenant)}/${runId}`;
+}
+
+/**
+ * Key of a signal message: `<tenant>/<run_id>`, so a run's signals stay in
+ * order on one partition.
+ */
+export function signalMessageKey(tenant: string, runId: string): string {
   return `${checked(tenant)}/${runId}`;
 }

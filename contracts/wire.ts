@@ -187,8 +187,19 @@ export interface SignalRequest {
   /**
    * Its identity: the same (run, name, signal_id) is one signal, sent again
    * a replay. 1-255 printable characters; absent: a new signal each call.
+   * The prefix `kafka:` is reserved to the inbox relay.
    */
   signal_id?: string | null;
+}
+
+/**
+ * A message of `poimen.<tenant>.signals`, keyed `<tenant>/<run_id>`: the
+ * inbox relay sends it as `POST /v1/runs/{run_id}/signals`, with the
+ * `signal_id` `kafka:<topic>/<partition>/<offset>` when it has none.
+ */
+export interface SignalMessage extends SignalRequest {
+  /** The run the signal is for. */
+  run_id: string;
 }
 
 /** A signal as the run's mailbox holds it. */

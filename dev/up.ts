@@ -223,7 +223,7 @@ export async function up(args: string[] = []): Promise<number> {
   out(`
   API           ${apiUrl}  (OpenAPI: ${apiUrl}/openapi.json)
   Postgres      ${new URL(config.DATABASE_URL).host}${new URL(config.DATABASE_URL).pathname}
-  Kafka         ${kafkaVars.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq)
+  Kafka         ${kafkaVars.KAFKA_BROKERS}  (topics poimen.${config.DEV_TENANT}.events|dispatch|dispatch.dlq|signals)
   tenant        ${config.DEV_TENANT}
   token         ${token}
 

@@ -1,5 +1,5 @@
 /** Declaration of the per-tenant topics (names live in contracts/topics.ts). */
-import { dispatchTopic, dlqTopic, eventsTopic } from "../contracts/topics.ts";
+import { dispatchTopic, dlqTopic, eventsTopic, signalsTopic } from "../contracts/topics.ts";
 import type { KafkaAdmin, TopicSpec } from "./admin.ts";
 
 export interface TenantTopicOptions {
@@ -7,7 +7,7 @@ export interface TenantTopicOptions {
   replicationFactor: number;
   retentionMs: number;
   /**
-   * `max.message.bytes` of the events and dispatch topics
+   * `max.message.bytes` of the events, dispatch and signals topics
    * (EVENTS_MAX_MESSAGE_BYTES): the largest record batch the broker accepts.
    * Set explicitly so the limit the outbox checks events against is the
    * topic's, not whatever the broker's default happens to be. Default 1 MiB.
@@ -15,14 +15,14 @@ export interface TenantTopicOptions {
   maxMessageBytes?: number;
 }
 
-/** `max.message.bytes` of the events and dispatch topics unless told otherwise (1 MiB). */
+/** `max.message.bytes` of the events, dispatch and signals topics unless told otherwise (1 MiB). */
 export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024;
 
-// A dead letter is the dispatch message plus the relay's reason headers: room
+// A dead letter is the dispatch (or signal) message plus the relay's reason headers: room
 // for those, so a dispatch message at the limit can still be dead-lettered.
 const DLQ_HEADROOM_BYTES = 64 * 1024;
 
-/** The specs of a tenant's `events`, `dispatch` and `dispatch.dlq` topics. */
+/** The specs of a tenant's `events`, `dispatch`, `dispatch.dlq` and `signals` topics. */
 export function tenantTopicSpecs(tenant: string, opts: TenantTopicOptions): TopicSpec[] {
   const max = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
   const spec = (name: string, maxMessageBytes: number): TopicSpec => ({
@@ -38,11 +38,12 @@ export function tenantTopicSpecs(tenant: string, opts: TenantTopicOptions): Topi
     spec(eventsTopic(tenant), max),
     spec(dispatchTopic(tenant), max),
     spec(dlqTopic(tenant), max + DLQ_HEADROOM_BYTES),
+    spec(signalsTopic(tenant), max),
   ];
 }
 
 /**
- * Declares a tenant's `events`, `dispatch` and `dispatch.dlq` topics;
+ * Declares a tenant's `events`, `dispatch`, `dispatch.dlq` and `signals` topics;
  * idempotent (topics that exist are left as they are, limits included). Says
  * which were new.
  */

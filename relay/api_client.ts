@@ -1,6 +1,6 @@
 /**
- * The relay's calls of `POST /v1/runs`, and the classification of what came
- * back. The relay is an HTTP client of the API like any other caller, and
+ * The relay's calls of `POST /v1/runs` and `POST /v1/runs/{id}/signals`, and
+ * the classification of what came back. The relay is an HTTP client of the API like any other caller, and
  * uses the public client's one-attempt call (`PoimenClient.send`) to be one:
  * that is what makes "no bypass" mechanical (the README's "The inbox relay").
  */
@@ -96,13 +96,14 @@ export function poimenProblem(answer: ApiAnswer): PoimenProblem | undefined {
 export function classify(
   status: number,
   problem: Pick<PoimenProblem, "code" | "retryable"> | undefined,
+  permanent: ReadonlySet<string> = PERMANENT_PROBLEMS,
 ): { kind: Outcome["kind"]; reason: string } {
   // The API answers a replayed dispatch_key with 200 and a new run with 201;
   // any other 2xx still admitted the message.
   if (status === 200) return { kind: "replayed", reason: "replayed" };
   if (status >= 200 && status < 300) return { kind: "created", reason: "created" };
   if (
-    problem && status >= 400 && status < 500 && PERMANENT_PROBLEMS.has(problem.code) &&
+    problem && status >= 400 && status < 500 && permanent.has(problem.code) &&
     problem.retryable === false
   ) {
     return { kind: "permanent", reason: problem.code };
@@ -245,6 +246,24 @@ export interface AdmitRequest {
   tracestate?: string;
 }
 
+/** One signal message to send: its run, and the signal body (name, payload, signal_id). */
+export interface SignalSendRequest extends AdmitRequest {
+  runId: string;
+}
+
+/**
+ * The problem codes that make a signal message permanently unsendable: those
+ * of a dispatch message (the body is wrong), and a run that is not there
+ * (`not-found`: unknown, purged, or another tenant's) or final
+ * (`run-finished`: it takes no signal any more). Whatever the relay retries,
+ * neither run comes back to take it.
+ */
+export const SIGNAL_PERMANENT_PROBLEMS: ReadonlySet<string> = new Set<string>([
+  ...PERMANENT_PROBLEMS,
+  "not-found" satisfies ErrorCode,
+  "run-finished" satisfies ErrorCode,
+]);
+
 /** Options of `ApiClient`. */
 export interface ApiClientOptions {
   apiUrl: string;
@@ -252,7 +271,10 @@ export interface ApiClientOptions {
   timeoutMs: number;
 }
 
-/** Posts dispatch messages to `POST /v1/runs`; never throws, every failure is an `Outcome`. */
+/**
+ * Posts dispatch messages to `POST /v1/runs` and signal messages to `POST
+ * /v1/runs/{id}/signals`; never throws, every failure is an `Outcome`.
+ */
 export class ApiClient {
   readonly #client: PoimenClient;
   readonly #timeoutMs: number;
@@ -272,11 +294,27 @@ export class ApiClient {
       "poimen relay admit",
       remoteContext(req.traceparent, req.tracestate),
       { "poimen.tenant": req.tenant, "poimen.source": req.source },
-      () => this.#admit(req, signal),
+      () => this.#post("/v1/runs", req, PERMANENT_PROBLEMS, signal),
     );
   }
 
-  async #admit(req: AdmitRequest, signal?: AbortSignal): Promise<Outcome> {
+  /** One attempt at sending a signal message; as `admit`, but a gone or final run is permanent. */
+  signal(req: SignalSendRequest, signal?: AbortSignal): Promise<Outcome> {
+    const path = `/v1/runs/${encodeURIComponent(req.runId)}/signals`;
+    return inSpan(
+      "poimen relay signal",
+      remoteContext(req.traceparent, req.tracestate),
+      { "poimen.tenant": req.tenant, "poimen.source": req.source, "poimen.run_id": req.runId },
+      () => this.#post(path, req, SIGNAL_PERMANENT_PROBLEMS, signal),
+    );
+  }
+
+  async #post(
+    path: string,
+    req: AdmitRequest,
+    permanent: ReadonlySet<string>,
+    signal?: AbortSignal,
+  ): Promise<Outcome> {
     const headers: Record<string, string> = {
       "content-type": "application/json",
       [HEADERS.tenant]: req.tenant,
@@ -304,7 +342,7 @@ export class ApiClient {
     else signal?.addEventListener("abort", onAbort, { once: true });
     let answer: ApiAnswer;
     try {
-      answer = await this.#client.send("POST", "/v1/runs", {
+      answer = await this.#client.send("POST", path, {
         headers,
         body: req.body,
         signal: abort.signal,
@@ -327,7 +365,7 @@ export class ApiClient {
     }
     const problem = problemFromAnswer(answer);
     const poimen = problem.code === PoimenProblem.UNEXPECTED ? undefined : problem;
-    const verdict = classify(answer.status, poimen);
+    const verdict = classify(answer.status, poimen, permanent);
     if (verdict.kind === "permanent") {
       return {
         kind: "permanent",

@@ -18,7 +18,7 @@ const MIB = 1024 * 1024;
 export const relayEnvSchema = z.object({
   ...kafkaEnv,
   ...logEnv,
-  /** Base URL of the poimen API every dispatch message is posted to. */
+  /** Base URL of the poimen API every dispatch and signal message is posted to. */
   API_URL: z.string().url().default("http://127.0.0.1:8080"),
   /** A service token (`deno task token --service relay`); no default: the relay is useless without it. */
   RELAY_TOKEN: z.string({ error: "a service token is required (deno task token --service relay)" })

@@ -1,12 +1,13 @@
 /**
- * Dead letters: a dispatch message the API will never admit as it is goes to
- * `poimen.<tenant>.dispatch.dlq` with its original key, value and headers,
+ * Dead letters: a dispatch message the API will never admit as it is, or a
+ * signal message it will never take, goes to `poimen.<tenant>.dispatch.dlq`
+ * (one DLQ per tenant for both) with its original key, value and headers,
  * plus `poimen-dlq-*` headers saying why and where it came from, so it can be
  * inspected and redriven (`deno task dlq`).
  */
 import type { ConsumedMessage } from "../kafka/consumer.ts";
 import type { ProduceMessage } from "../kafka/producer.ts";
-import { dispatchTopic, dlqTopic } from "../contracts/topics.ts";
+import { dispatchTopic, dlqTopic, signalsTopic } from "../contracts/topics.ts";
 
 /** Prefix of every header the relay adds to a dead letter. */
 const DLQ_HEADER_PREFIX = "poimen-dlq-";
@@ -75,10 +76,14 @@ export function withoutDlqHeaders(headers: Record<string, string>): Record<strin
   );
 }
 
-/** The dispatch message a dead letter came from, to publish again (redrive). */
+/**
+ * The message a dead letter came from, to publish again (redrive): to the
+ * tenant's signals topic when it came from there, else to its dispatch topic.
+ */
 export function redriven(tenant: string, letter: ConsumedMessage): ProduceMessage {
+  const signals = signalsTopic(tenant);
   return {
-    topic: dispatchTopic(tenant),
+    topic: letter.headers[DLQ_HEADERS.topic] === signals ? signals : dispatchTopic(tenant),
     key: letter.key,
     value: letter.value,
     headers: withoutDlqHeaders(letter.headers),

@@ -1,8 +1,10 @@
 /**
  * The inbox relay: drains every tenant's `poimen.<tenant>.dispatch` into
- * `POST /v1/runs`, one call per message, at least once. This module reads
- * the consumer, works each message's admission and wires the parts:
+ * `POST /v1/runs` and `poimen.<tenant>.signals` into `POST
+ * /v1/runs/{id}/signals`, one call per message, at least once. This module
+ * reads the consumer, works each message's call and wires the parts:
  *
+ * - inbox_messages.ts: what call a message is, by its topic (or its poison);
  * - partition_state.ts: per partition (pure), up to `maxInFlight` calls at
  *   once, the pause behind a failing message and the resume after it;
  * - pending_budget.ts: messages fetched and not done, before fetching waits;
@@ -10,26 +12,26 @@
  * - dead_letter_writer.ts: dead letters written until acknowledged;
  * - lag_monitor.ts: the lag gauges.
  *
- * A message is done once admitted (any 2xx) or once its dead letter was
+ * A message is done once sent (any 2xx) or once its dead letter was
  * acknowledged. Transient failures are retried without limit and never
  * skipped, with `max(Retry-After, exponential backoff with full jitter)`
  * between tries; the first one pauses the message's partition, and only it.
- * A keyless message is posted with a dispatch key derived from its topic,
- * partition and offset (see `prepareBody`), so redelivery, a rebalance or a
- * second relay never make a second run of it.
+ * A keyless message is posted with a dispatch key (a signal id) derived
+ * from its topic, partition and offset (see `prepareBody`), so redelivery, a
+ * rebalance or a second relay never make a second run (signal) of it.
  */
 import type { Logger } from "../core/log.ts";
 import type { Service } from "../core/lifecycle.ts";
 import { once } from "../core/lifecycle.ts";
 import { delay, within } from "../core/time.ts";
 import type { ApiClient, Outcome } from "./api_client.ts";
-import { derivedDispatchKey, prepareBody, retryDelay } from "./api_client.ts";
+import { retryDelay } from "./api_client.ts";
 import type { ConsumedMessage, KafkaConsumer } from "../kafka/consumer.ts";
 import type { KafkaAdmin } from "../kafka/admin.ts";
 import type { KafkaProducer } from "../kafka/producer.ts";
 import { partitionKey } from "../kafka/client.ts";
 import type { RelayMetrics } from "./metrics.ts";
-import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
+import { inboxTopic, prepareMessage } from "./inbox_messages.ts";
 import { type Job, PartitionState, type Result } from "./partition_state.ts";
 import { PendingBudget } from "./pending_budget.ts";
 import { OffsetCommitter } from "./offset_committer.ts";
@@ -40,8 +42,8 @@ import { LagMonitor } from "./lag_monitor.ts";
 /** Tuning of the relay (see relay/config.ts for the variables and defaults). */
 export interface InboxRelayOptions {
   groupId: string;
-  /** The dispatch topics this relay drains (the consumer's selection must agree). */
-  isDispatchTopic: (topic: string) => boolean;
+  /** The dispatch and signals topics this relay drains (the consumer's selection must agree). */
+  isInboxTopic: (topic: string) => boolean;
   maxInFlight: number;
   /** Messages fetched and not done, over all partitions, before fetching waits. */
   maxPending: number;
@@ -78,6 +80,7 @@ type Partition = PartitionState<ConsumedMessage>;
 type RelayJob = Job<ConsumedMessage>;
 
 const STOP = Symbol("stop");
+const FAILED = { dispatch: "admission failed, retrying", signal: "signal failed, retrying" };
 
 /** The inbox relay as a `Service`: `start()` begins draining, `stop()` is graceful. */
 export class InboxRelay implements Service {
@@ -116,7 +119,7 @@ export class InboxRelay implements Service {
     this.#lag = new LagMonitor(
       {
         groupId: opts.groupId,
-        isDispatchTopic: opts.isDispatchTopic,
+        isInboxTopic: opts.isInboxTopic,
         intervalMs: opts.lagIntervalMs,
       },
       {
@@ -202,10 +205,10 @@ export class InboxRelay implements Service {
     const key = partitionKey(m.topic, m.partition);
     let p = this.#partitions.get(key);
     if (!p) {
-      const tenant = DISPATCH_TOPIC_PATTERN.exec(m.topic)?.[1];
+      const tenant = inboxTopic(m.topic)?.tenant;
       if (tenant === undefined) {
-        // The subscription only matches dispatch topics; never commit past it blindly either.
-        this.#log.error("message from a topic that is not a dispatch topic", { topic: m.topic });
+        // The subscription only matches inbox topics; never commit past it blindly either.
+        this.#log.error("message from a topic that is not an inbox topic", { topic: m.topic });
         return;
       }
       p = new PartitionState(m.topic, m.partition, tenant, this.#opts.maxInFlight);
@@ -335,36 +338,25 @@ export class InboxRelay implements Service {
     this.#launch(p, finished.start);
   }
 
-  /** Admits the job's message or dead-letters it; retries transient failures until done, let go or stopped. */
+  /** Sends the job's message or dead-letters it; retries transient failures until done, let go or stopped. */
   async #process(p: Partition, job: RelayJob): Promise<Result> {
     const { api, metrics } = this.#deps;
     const { m } = job;
     const tenant = p.tenant;
     const where = { tenant, topic: m.topic, partition: m.partition, offset: String(m.offset) };
-    // Where the message is: its source, and the dispatch key of a keyless
-    // one. The same string: the API admits a key of the relay's namespace
-    // only as the key of its request's own source.
-    const at = derivedDispatchKey(m.topic, m.partition, m.offset);
-    const prepared = prepareBody(m.value, at);
-    if ("error" in prepared) {
+    const prepared = prepareMessage(m, tenant);
+    if ("reason" in prepared) {
       const now = new Date();
       p.decided(job);
       return await this.#deadLetter(tenant, m, {
-        reason: "bad-json",
+        reason: prepared.reason,
         status: "none",
-        detail: prepared.error,
+        detail: prepared.detail,
         attempts: 1,
         firstFailure: now,
         lastFailure: now,
       });
     }
-    const request = {
-      tenant,
-      body: prepared.body,
-      source: at,
-      traceparent: m.headers.traceparent,
-      tracestate: m.headers.tracestate,
-    };
     const cancelled = this.#hardStop.signal;
     // Made at the first retry only: AbortSignal.any costs a WeakRef and a
     // finalizer, for every message if made up front.
@@ -373,7 +365,7 @@ export class InboxRelay implements Service {
     let firstUnknownWorkflow: number | undefined;
     for (let attempt = 1;; attempt++) {
       const started = performance.now();
-      const outcome: Outcome = await api.admit(request, cancelled);
+      const outcome: Outcome = await prepared.call(api, cancelled);
       metrics.apiDuration.observe({ result: outcome.kind }, (performance.now() - started) / 1000);
       if (outcome.kind === "created" || outcome.kind === "replayed") {
         // A let-go message comes again and is counted then (as replayed).
@@ -381,11 +373,11 @@ export class InboxRelay implements Service {
         // Decided: a pause before #finished records it must not let it go.
         p.decided(job);
         metrics.messages.inc({ outcome: outcome.kind });
-        this.#log.debug("admitted", {
+        this.#log.debug(prepared.kind === "dispatch" ? "admitted" : "signal sent", {
           ...where,
           outcome: outcome.kind,
           attempts: attempt,
-          derived_key: prepared.derivedKey !== undefined,
+          derived_key: prepared.derived,
         });
         return "done";
       }
@@ -433,9 +425,9 @@ export class InboxRelay implements Service {
         // Loud on purpose: only an operator can fix the token or the tenant.
         this.#log.error("the API refuses the relay's credentials; retrying, not skipping", fields);
       } else if (attempt <= 3 || attempt % 10 === 0) {
-        this.#log.warn("admission failed, retrying", fields);
+        this.#log.warn(FAILED[prepared.kind], fields);
       } else {
-        this.#log.debug("admission failed, retrying", fields);
+        this.#log.debug(FAILED[prepared.kind], fields);
       }
       waitCancelled ??= AbortSignal.any([this.#stopping.signal, job.cancel.signal]);
       await delay(wait, waitCancelled);

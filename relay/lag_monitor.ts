@@ -30,7 +30,8 @@ export type LagSource = Pick<
 /** Options of `LagMonitor`. */
 export interface LagMonitorOptions {
   groupId: string;
-  isDispatchTopic: (topic: string) => boolean;
+  /** The topics whose lag is measured: the inbox topics the relay drains. */
+  isInboxTopic: (topic: string) => boolean;
   /** How often lag is measured; also how long one measurement is waited for. */
   intervalMs: number;
 }
@@ -146,7 +147,7 @@ export class LagMonitor {
 
   async #viewNow(): Promise<LagView> {
     const { admin } = this.#deps;
-    const topics = (await admin.listTopics()).filter(this.#opts.isDispatchTopic);
+    const topics = (await admin.listTopics()).filter(this.#opts.isInboxTopic);
     const [ends, starts, committed] = await Promise.all([
       admin.endOffsets(topics),
       admin.startOffsets(topics),

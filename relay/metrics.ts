@@ -27,7 +27,7 @@ export function createRelayMetrics(registry: client.Registry) {
     }),
     messages: new client.Counter({
       name: "poimen_inbox_messages_total",
-      help: "Dispatch messages finished, by outcome: created, replayed, dead_lettered",
+      help: "Dispatch and signal messages finished, by outcome: created, replayed, dead_lettered",
       labelNames: ["outcome"] as const,
       registers,
     }),
@@ -41,7 +41,7 @@ export function createRelayMetrics(registry: client.Registry) {
     }),
     apiDuration: new client.Histogram({
       name: "poimen_inbox_api_call_duration_seconds",
-      help: "Duration of one POST /v1/runs call by the relay, by result kind",
+      help: "Duration of one API call by the relay (POST /v1/runs or a signal), by result kind",
       labelNames: ["result"] as const,
       buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30],
       registers,

@@ -19,15 +19,16 @@ import { createConsumer } from "../kafka/consumer.ts";
 import { createProducer } from "../kafka/producer.ts";
 import { createRelayMetrics } from "./metrics.ts";
 import { metricsPart } from "../core/metrics_server.ts";
-import { DISPATCH_TOPIC_PATTERN } from "../contracts/topics.ts";
+import { inboxTopic } from "./inbox_messages.ts";
 import { abortable, httpProbe, PROBE_TIMEOUT_MS } from "../core/health.ts";
 
 const COMMAND = {
   name: "relay",
   synopsis: "",
   description: `
-Consumes every tenant's poimen.<tenant>.dispatch topic and posts each message
-to the API's POST /v1/runs with its service token (RELAY_TOKEN), dead-lettering
+Consumes every tenant's poimen.<tenant>.dispatch and poimen.<tenant>.signals
+topics and posts each message to the API's POST /v1/runs (a signal to POST
+/v1/runs/{id}/signals) with its service token (RELAY_TOKEN), dead-lettering
 what can never succeed, until SIGTERM or SIGINT; serves /metrics, /healthz and
 /readyz on RELAY_METRICS_HOST:RELAY_METRICS_PORT.`,
   env: relayEnvSchema,
@@ -55,8 +56,9 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
     logger: log,
   };
   const tenants = relayTenants(config);
-  const isDispatchTopic = (topic: string) => {
-    const tenant = DISPATCH_TOPIC_PATTERN.exec(topic)?.[1];
+  // Dispatch and signals topics alike, of the tenants this relay serves.
+  const isInboxTopic = (topic: string) => {
+    const tenant = inboxTopic(topic)?.tenant;
     return tenant !== undefined && tenants.allows(tenant);
   };
   let relay: InboxRelay | undefined;
@@ -75,7 +77,7 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
       const admin = createAdmin({ ...kafka, clientId: `${kafka.clientId}-admin` });
       relay = new InboxRelay({
         groupId: config.RELAY_GROUP_ID,
-        isDispatchTopic,
+        isInboxTopic,
         maxInFlight: config.RELAY_MAX_IN_FLIGHT,
         maxPending: config.RELAY_MAX_PENDING,
         maxPendingBytes: config.RELAY_MAX_PENDING_BYTES,
@@ -91,7 +93,7 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
           ...kafka,
           groupId: config.RELAY_GROUP_ID,
           // Re-read every refresh: a new tenant's topic is picked up without a restart.
-          topics: async () => (await admin.listTopics()).filter(isDispatchTopic),
+          topics: async () => (await admin.listTopics()).filter(isInboxTopic),
           topicRefreshMs: config.RELAY_TOPIC_REFRESH_MS,
           startFrom: "earliest",
           // Enough to keep every partition's calls busy while the next fetch runs.

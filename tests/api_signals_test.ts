@@ -70,6 +70,13 @@ Deno.test("api signals: 201, a replay 200, 404, 409, 422; a waiting run shows it
     await insertTenant(sql, t);
     await insertToken(sql, await hashToken(tokens[t]), { kind: "tenant", tenant_id: t, name: t });
   }
+  tokens.relay = newToken();
+  await insertToken(sql, await hashToken(tokens.relay), {
+    kind: "service",
+    tenant_id: null,
+    name: "relay",
+    tenant_pattern: "*",
+  });
   const app = createApp({
     sql,
     admission: new Admission(sql, catalogOf(registry()), { maxBatch: 16, maxConcurrent: 2 }),
@@ -79,13 +86,23 @@ Deno.test("api signals: 201, a replay 200, 404, 409, 422; a waiting run shows it
     bodyLimit: 4096,
     consoleAssets: loadConsoleAssets(),
   });
-  const call = (path: string, body?: unknown, opts: { tenant?: string; type?: string } = {}) =>
+  const call = (
+    path: string,
+    body?: unknown,
+    opts: { tenant?: string; type?: string; source?: string } = {},
+  ) =>
     app.request(path, {
       method: body === undefined ? "GET" : "POST",
       body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
       headers: {
-        authorization: `Bearer ${tokens[opts.tenant ?? "acme"]}`,
+        authorization: `Bearer ${
+          tokens[opts.source === undefined ? opts.tenant ?? "acme" : "relay"]
+        }`,
         "content-type": opts.type ?? "application/json",
+        // The relay's service token acts for the tenant it names.
+        ...(opts.source === undefined
+          ? {}
+          : { "poimen-tenant": opts.tenant ?? "acme", "poimen-source": opts.source }),
       },
     });
   const admit = async (workflow_ref: string, input: unknown) =>
@@ -172,6 +189,27 @@ Deno.test("api signals: 201, a replay 200, 404, 409, 422; a waiting run shows it
       415,
       "unsupported-media-type",
     );
+    // The relay's ids (`kafka:`) are its own: only a service token may send
+    // one, as its request's own Poimen-Source.
+    const reserved = "kafka:poimen.acme.signals/0/7";
+    const taken = await problem(
+      await call(`/v1/runs/${queued}/signals`, { name: "a", signal_id: reserved }),
+      422,
+      "validation",
+    );
+    assert.deepEqual(taken.errors.map((e: { path: string }) => e.path), ["signal_id"]);
+    await problem(
+      await call(`/v1/runs/${queued}/signals`, { name: "a", signal_id: reserved }, {
+        source: "kafka:poimen.acme.signals/0/8",
+      }),
+      422,
+      "validation",
+    );
+    const relayed = await call(`/v1/runs/${queued}/signals`, { name: "a", signal_id: reserved }, {
+      source: reserved,
+    });
+    assert.equal(relayed.status, 201);
+    assert.equal((await relayed.json()).signal_id, reserved);
     // A final run refuses a new signal and replays a seen one.
     await call(`/v1/runs/${queued}/cancel`, {});
     const refused = await problem(

@@ -229,7 +229,8 @@ Deno.test("cli: token prints one token for a tenant, and for --service=<name>", 
 });
 
 Deno.test({
-  name: "cli: dispatch takes --raw after its arguments, and -- ends the flags",
+  name:
+    "cli: dispatch takes --raw after its arguments, and -- ends the flags; --signal sends a signal message",
   ...KAFKA_TEST,
   fn: async () => {
     const tenant = `cli-${crypto.randomUUID().slice(0, 8)}`;
@@ -255,6 +256,22 @@ Deno.test({
       assert.equal(keyless.code, 0, keyless.stderr);
       assert.match(keyless.stdout, new RegExp(`^poimen\\.${tenant}\\.dispatch 0 1\\n$`));
       assert.match(keyless.stderr, /dispatch_key [0-9a-f-]{36} \(generated\)/);
+
+      // --signal: a signal message to the signals topic, its relay-derived id on stderr.
+      const runId = crypto.randomUUID();
+      const signal = await run("dispatch", [
+        "--signal",
+        tenant,
+        JSON.stringify({ run_id: runId, name: "approval", payload: { ok: true } }),
+      ], env);
+      assert.equal(signal.code, 0, signal.stderr);
+      assert.match(signal.stdout, new RegExp(`^poimen\\.${tenant}\\.signals 0 0\\n$`));
+      assert.match(signal.stderr, new RegExp(`signal_id kafka:poimen\\.${tenant}\\.signals/0/0`));
+      const badSignal = await run("dispatch", ["--signal", tenant, '{"name":"approval"}'], env);
+      assert.equal(badSignal.code, 65, badSignal.stdout);
+      assert.match(badSignal.stderr, /^dispatch: run_id: /m);
+      const both = await run("dispatch", ["--signal", "--raw", tenant, "{}"], env);
+      assert.equal(both.code, 2, both.stdout);
     } finally {
       const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
       try {

@@ -19,7 +19,7 @@ import {
 import { createAdmin } from "../kafka/admin.ts";
 import { partitionFor } from "../kafka/producer.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
-import { dispatchTopic, tenantTopics } from "../contracts/topics.ts";
+import { dispatchTopic, signalsTopic, tenantTopics } from "../contracts/topics.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import { freshDatabase, waitFor } from "./support/db.ts";
 import { ApiProcess, PoimenProcess, runCommand } from "./support/processes.ts";
@@ -155,6 +155,68 @@ dispatchTest("a body the API would refuse is refused before anything is sent", a
     await admin.close();
   }
 });
+
+dispatchTest(
+  "a signal lands on the tenant's signals topic keyed <tenant>/<run_id>; a bad one is never sent",
+  async (tenant) => {
+    const { got, consumer } = consume(signalsTopic(tenant));
+    const admin = createAdmin({ brokers: [BROKER], clientId: "poimen-test" });
+    const publisher = new DispatchPublisher({ brokers: [BROKER] });
+    try {
+      const runId = crypto.randomUUID();
+      const given = await publisher.signal(tenant, {
+        run_id: runId,
+        name: "approval",
+        payload: { ok: true },
+        signal_id: "approval-1",
+      });
+      const derived = await publisher.signal(tenant, { run_id: runId, name: "ping" });
+      for (const r of [given, derived]) {
+        assert.equal(r.topic, signalsTopic(tenant));
+        assert.equal(r.key, `${tenant}/${runId}`);
+        assert.equal(r.partition, partitionFor(r.key, PARTITIONS));
+      }
+      assert.equal(given.signalId, "approval-1");
+      assert.equal(
+        derived.signalId,
+        `kafka:${derived.topic}/${derived.partition}/${derived.offset}`,
+      );
+      await waitFor("both consumed", () => got.length === 2);
+      const values = got.map((m) => JSON.parse(new TextDecoder().decode(m.value)));
+      assert.deepEqual(values, [
+        { run_id: runId, name: "approval", payload: { ok: true }, signal_id: "approval-1" },
+        { run_id: runId, name: "ping" },
+      ]);
+      assert.ok(got.every((m) => m.key === given.key && isTraceparent(m.headers.traceparent)));
+
+      const bad = await publisher.signal(tenant, {
+        run_id: "nope",
+        name: "a#b",
+        // deno-lint-ignore no-explicit-any
+      } as any).catch((e) => e);
+      assert.ok(bad instanceof PoimenProblem, String(bad));
+      assert.equal(bad.status, 422);
+      assert.deepEqual(new Set(bad.errors.map((e) => e.path)), new Set(["run_id", "name"]));
+      // The relay's namespace: the API would refuse it, so it is never sent.
+      const reserved = await publisher.signal(tenant, {
+        run_id: runId,
+        name: "a",
+        signal_id: "kafka:poimen.x.signals/0/0",
+      }).catch((e) => e);
+      assert.ok(reserved instanceof PoimenProblem, String(reserved));
+      assert.deepEqual(reserved.errors.map((e) => e.path), ["signal_id"]);
+      const badTenant = await publisher.signal("Not.A.Tenant", { run_id: runId, name: "a" })
+        .catch((e) => e);
+      assert.ok(badTenant instanceof TypeError);
+      const ends = await admin.endOffsets([signalsTopic(tenant)]);
+      assert.equal(ends.reduce((n, o) => n + o.offset, 0n), 2n, "nothing more was written");
+    } finally {
+      await publisher.close();
+      await consumer.close();
+      await admin.close();
+    }
+  },
+);
 
 Deno.test("client_dispatch: newTraceparent makes valid, distinct W3C traceparents", () => {
   const seen = new Set<string>();

@@ -10,8 +10,14 @@ import {
   eventMessageKey,
   eventsTopic,
   isTenantId,
+  signalMessageKey,
+  SIGNALS_TOPIC_PATTERN,
+  signalsTopic,
   TENANT_ID_PATTERN,
+  tenantOfTopic,
+  tenantTopics,
 } from "../contracts/topics.ts";
+import { SignalMessage } from "../contracts/signals.ts";
 import type { PendingEvent } from "../db/outbox.ts";
 import { toMessage } from "../outbox/event_message.ts";
 import { catalogOf } from "./support/catalog.ts";
@@ -36,6 +42,37 @@ Deno.test("contracts: the dispatch topic pattern takes exactly the valid tenants
   for (const t of ["", "Acme", "a.b", "a b", "9".repeat(64)]) {
     assert.equal(isTenantId(t), false, t);
     assert.equal(DISPATCH_TOPIC_PATTERN.test(`poimen.${t}.dispatch`), false, t);
+  }
+});
+
+Deno.test("contracts: the signals topic is the tenant's, apart from its other topics; a signal message is a signal body plus run_id", () => {
+  for (const t of ["acme", "a", "x_y-z", "9".repeat(63)]) {
+    const topic = signalsTopic(t);
+    assert.equal(topic, `poimen.${t}.signals`);
+    assert.equal(SIGNALS_TOPIC_PATTERN.exec(topic)?.[1], t);
+    assert.equal(tenantOfTopic(topic), t);
+    assert.equal(DISPATCH_TOPIC_PATTERN.test(topic), false);
+    for (const other of [dispatchTopic(t), dlqTopic(t), eventsTopic(t)]) {
+      assert.equal(SIGNALS_TOPIC_PATTERN.test(other), false, other);
+    }
+    assert.deepEqual(tenantTopics(t), [eventsTopic(t), dispatchTopic(t), dlqTopic(t), topic]);
+    assert.equal(signalMessageKey(t, "r-1"), `${t}/r-1`);
+  }
+  assert.throws(() => signalsTopic("a.b"), TypeError);
+  const runId = crypto.randomUUID();
+  assert.ok(SignalMessage.safeParse({ run_id: runId, name: "approval" }).success);
+  assert.ok(
+    SignalMessage.safeParse({ run_id: runId, name: "a", payload: [1], signal_id: null }).success,
+  );
+  for (
+    const bad of [
+      { name: "approval" },
+      { run_id: "nope", name: "approval" },
+      { run_id: runId, name: "a#2" },
+      { run_id: runId, name: "a", extra: 1 },
+    ]
+  ) {
+    assert.equal(SignalMessage.safeParse(bad).success, false, JSON.stringify(bad));
   }
 });
 

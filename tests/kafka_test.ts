@@ -11,7 +11,14 @@ import { brokerAddress, startBroker } from "../dev/kafka.ts";
 import { type ConsumedMessage, createConsumer, type KafkaConsumer } from "../kafka/consumer.ts";
 import { createAdmin, type KafkaAdmin } from "../kafka/admin.ts";
 import { createProducer } from "../kafka/producer.ts";
-import { dispatchTopic, dlqTopic, eventsTopic, tenantOfTopic } from "../contracts/topics.ts";
+import {
+  dispatchTopic,
+  dlqTopic,
+  eventsTopic,
+  signalsTopic,
+  tenantOfTopic,
+  tenantTopics,
+} from "../contracts/topics.ts";
 import { ensureTenantTopics } from "../kafka/topics.ts";
 import { createLogger } from "../core/log.ts";
 import { waitFor } from "./support/db.ts";
@@ -76,6 +83,7 @@ Deno.test("topic names: helpers round-trip and reject bad tenant ids", () => {
     assert.equal(tenantOfTopic(eventsTopic(t)), t);
     assert.equal(tenantOfTopic(dispatchTopic(t)), t);
     assert.equal(tenantOfTopic(dlqTopic(t)), t);
+    assert.equal(tenantOfTopic(signalsTopic(t)), t);
   }
   assert.equal(tenantOfTopic("poimen.acme.other"), undefined);
   assert.equal(tenantOfTopic("__consumer_offsets"), undefined);
@@ -87,7 +95,13 @@ Deno.test("topic names: helpers round-trip and reject bad tenant ids", () => {
 Deno.test("kafka: tenant topic declaration is idempotent", KAFKA_TEST, async () => {
   await withAdmin(async (admin) => {
     const tenant = `decl-${suffix()}`;
-    const names = [eventsTopic(tenant), dispatchTopic(tenant), dlqTopic(tenant)];
+    const names = tenantTopics(tenant);
+    assert.deepEqual(names, [
+      eventsTopic(tenant),
+      dispatchTopic(tenant),
+      dlqTopic(tenant),
+      signalsTopic(tenant),
+    ]);
     const opts = { partitions: 3, replicationFactor: 1, retentionMs: 3_600_000 };
     try {
       const first = await ensureTenantTopics(admin, tenant, opts);

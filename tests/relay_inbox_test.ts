@@ -131,7 +131,7 @@ function message(offset: number, value: string): ConsumedMessage {
 
 const OPTIONS: InboxRelayOptions = {
   groupId: "unit-group",
-  isDispatchTopic: (t) => t === TOPIC,
+  isInboxTopic: (t) => t === TOPIC,
   maxInFlight: 8,
   maxPending: 1000,
   maxPendingBytes: 1 << 20,
