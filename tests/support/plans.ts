@@ -31,6 +31,7 @@ import {
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
+import { selectRootRunId } from "../../db/lineage.ts";
 import { correctSlot } from "../../db/slot_reconcile.ts";
 import { repairLanes } from "../../db/lane_repair.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
@@ -172,6 +173,11 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "api: selectRuns, a parent's children (GET /v1/runs/{id}, ?parent_run_id=)",
       call: (sql) => selectRuns(sql, s.tenant, { parentRunId: s.runningRun, limit: 101 }),
       indexes: { runs: ["runs_parent_idx"] },
+    },
+    {
+      name: "worker: selectRootRunId (a parent's root, for its children)",
+      call: (sql) => selectRootRunId(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
     },
     {
       name: "api: selectRuns, a root's tree (?root_run_id=)",
