@@ -391,7 +391,7 @@ export function hotStatements(s: Sample): HotStatement[] {
       modes: ["force_custom_plan"],
       fromRuns: 5_000,
       indexes: {
-        runs: ["runs_finished_idx", "Tid Scan"],
+        runs: ["runs_finished_idx", "runs_pkey", "Tid Scan"],
         work_events: ["work_events_pkey", "Tid Scan"],
         run_steps: ["run_steps_pkey", "Tid Scan"],
         run_signals: ["run_signals_pkey", "Tid Scan"],
