@@ -33,10 +33,12 @@ function pointerPath(pointer: string): string[] {
 export type AdmitRequest = RunRequest;
 
 /**
- * Who is calling the kernel. Only the HTTP layer admits runs; the origin is
- * recorded (a metric label) so a test can prove nothing else does.
+ * Who is calling the kernel: the HTTP layer (every caller's run), or a
+ * worker starting a child run for a handler (`ctx.start`,
+ * worker/child_runs.ts). The origin is recorded (a metric label) so a test
+ * can prove nothing else does.
  */
-export type AdmissionEntry = "http";
+export type AdmissionEntry = "http" | "child";
 
 export interface AdmitContext {
   tenantId: string;
@@ -45,6 +47,11 @@ export interface AdmitContext {
   entry: AdmissionEntry;
   /** The request's W3C traceparent, stored with a run it creates (a replay keeps the first's). */
   traceparent?: string;
+  /**
+   * A child run's lineage (entry `child`): its parent, and the root of the
+   * parent's tree (the parent itself when it is a root).
+   */
+  parent?: { run_id: string; root_run_id: string };
 }
 
 export interface AdmitResult {
@@ -183,6 +190,8 @@ export class Admission {
         priority: req.priority ?? 0,
         concurrency_key: group?.concurrency_key ?? null,
         concurrency_limit: group?.concurrency_limit ?? null,
+        parent_run_id: ctx.parent?.run_id ?? null,
+        root_run_id: ctx.parent?.root_run_id ?? null,
       });
     } catch (err) {
       throw toDbError(err);

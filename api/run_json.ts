@@ -100,6 +100,8 @@ export function toRun(
     cancel_requested_at: iso(row.cancel_requested_at),
     priority: row.priority,
     concurrency_key: row.concurrency_key,
+    parent_run_id: row.parent_run_id ?? null,
+    root_run_id: row.root_run_id ?? null,
     ...("waiting_reason" in row && row.waiting_reason !== undefined
       ? { waiting_for: waitingFor(row, row.waiting_reason) }
       : {}),

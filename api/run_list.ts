@@ -42,6 +42,8 @@ export async function listRunsPage(
     fields,
     goalId: q.goal_id,
     dispatchKey: q.dispatch_key,
+    parentRunId: q.parent_run_id,
+    rootRunId: q.root_run_id,
     status: q.status,
     before: q.cursor === undefined ? undefined : decodeCursor(q.cursor),
     limit: q.limit + 1,

@@ -11,6 +11,7 @@ import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
 import {
+  CHILD_KEY_PREFIX,
   HEADERS,
   IdempotencyKeyHeader,
   ListRunsQuery,
@@ -30,6 +31,9 @@ import { MAX_RUN_EVENTS, toRun, toRunEvent } from "./run_json.ts";
 import { listRunsPage } from "./run_list.ts";
 import { answerSignal } from "./run_signals.ts";
 import { selectStepSummaries } from "../db/run_steps.ts";
+
+// The children GET /v1/runs/{id} lists; the rest are a page of GET /v1/runs?parent_run_id= away.
+const MAX_CHILDREN = 100;
 
 export interface RunsDeps {
   sql: Sql;
@@ -104,10 +108,11 @@ function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRe
 }
 
 /**
- * Refuses a dispatch key in the relay's reserved namespace (`kafka:`, see
+ * Refuses a dispatch key in a reserved namespace: the relay's (`kafka:`, see
  * `RELAY_KEY_PREFIX`) unless a service token sends it as the key of its own
- * `Poimen-Source`, as the relay does for a keyless message: 422 naming the
- * field the key came from.
+ * `Poimen-Source`, as the relay does for a keyless message; child runs'
+ * (`child:`, `CHILD_KEY_PREFIX`) always, from any caller: only a worker
+ * derives those. 422 naming the field the key came from.
  */
 function refuseReservedKey(
   body: RunRequest,
@@ -116,11 +121,20 @@ function refuseReservedKey(
   source: string,
 ): void {
   const key = body.dispatch_key;
+  const path = fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key";
+  if (key?.startsWith(CHILD_KEY_PREFIX)) {
+    throw new PoimenError("validation", "the request does not match the schema", {
+      errors: [{
+        path,
+        message: `the prefix ${CHILD_KEY_PREFIX} is reserved for the keys of child runs`,
+      }],
+    });
+  }
   if (key == null || !key.startsWith(RELAY_KEY_PREFIX)) return;
   if (principal.kind === "service" && key === source) return;
   throw new PoimenError("validation", "the request does not match the schema", {
     errors: [{
-      path: fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key",
+      path,
       message: `the prefix ${RELAY_KEY_PREFIX} is reserved for the keys the inbox relay derives`,
     }],
   });
@@ -220,7 +234,18 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     if (applied) c.header("Preference-Applied", `wait=${wait}`);
     // Its durable calls, without their results: a short range, bounded.
-    return c.json(toRun(row, await selectStepSummaries(sql, tenantId, runId)));
+    const run = toRun(row, await selectStepSummaries(sql, tenantId, runId));
+    // Its children: one bounded page of the lineage index, without their values.
+    const page = await listRunsPage(sql, tenantId, { parent_run_id: runId, limit: MAX_CHILDREN });
+    const children = {
+      runs: page.runs.map((r) => ({
+        run_id: r.run_id,
+        status: r.status,
+        dispatch_key: r.dispatch_key ?? "",
+      })),
+      next_cursor: page.next_cursor,
+    };
+    return c.json({ ...run, children });
   });
 
   // A signal for the run: stored once per (name, signal_id), handed to its

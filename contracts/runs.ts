@@ -76,6 +76,19 @@ function runAfterProblem(at: string, now: number = Date.now()): string | undefin
  */
 export const RELAY_KEY_PREFIX = "kafka:";
 
+/**
+ * The prefix of a child run's dispatch key, `child:<parent run_id>:<name>`
+ * (issue 31): derived by the worker for `ctx.start`, so a retried parent
+ * finds the child it started. Reserved: no caller may admit a key with it,
+ * so none can pre-claim a child's key and turn its admission into a replay.
+ */
+export const CHILD_KEY_PREFIX = "child:";
+
+/** A child's dispatch key: `child:<parent run_id>:<name>`. */
+export function childDispatchKey(parentRunId: string, name: string): string {
+  return `${CHILD_KEY_PREFIX}${parentRunId}:${name}`;
+}
+
 // goal_id and dispatch_key, in a body and as query filters.
 const label = () => z.string().min(1).max(255).regex(PRINTABLE, "printable characters only");
 
@@ -95,7 +108,7 @@ export const RunRequest = z.strictObject({
   ),
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
-      "1–255 printable characters; the prefix `kafka:` is reserved to the inbox relay",
+      "1–255 printable characters; the prefixes `kafka:` (the inbox relay's) and `child:` (child runs') are reserved",
   ),
   // Piped: the bounds are checked only on a well-formed time.
   run_after: z.iso.datetime({ offset: true }).pipe(
@@ -235,8 +248,22 @@ export const Run = z.object({
     "Its concurrency key when its workflow version declares a concurrency limit ('' for a " +
       "limit per tenant); null: not limited",
   ),
+  parent_run_id: z.uuid().nullable().describe(
+    "The run whose handler started this one (a child run); null: a caller admitted it",
+  ),
+  root_run_id: z.uuid().nullable().describe(
+    "The root of its tree of runs; null for a run a caller admitted (a root itself)",
+  ),
   waiting_for: WaitingFor.nullable().optional().describe(
     "Only on GET /v1/runs/{run_id}: null unless the run is queued or waiting; what it waits for",
+  ),
+  children: z.object({
+    runs: z.array(z.object({ run_id: z.uuid(), status: RunStatus, dispatch_key: z.string() })),
+    next_cursor: z.string().nullable().describe(
+      "More children: `GET /v1/runs?parent_run_id=<run_id>&cursor=<next_cursor>`",
+    ),
+  }).optional().describe(
+    "Only on GET /v1/runs/{run_id}: its child runs, newest first, the first 100",
   ),
   steps: z.array(RunStep).optional().describe(
     "Only on GET /v1/runs/{run_id}: its durable calls (ctx.step, ctx.sleep, " +
@@ -300,6 +327,10 @@ export const RunEvents = z.object({
 export const ListRunsQuery = z.strictObject({
   goal_id: label().optional().describe("Only runs of this goal"),
   dispatch_key: label().optional().describe("Only the run with this dispatch key"),
+  parent_run_id: z.uuid().optional().describe("Only the children of this run"),
+  root_run_id: z.uuid().optional().describe(
+    "Only the runs of this root's tree (its descendants, the root itself excluded)",
+  ),
   status: RunStatus.optional(),
   limit: z.string().regex(/^[0-9]{1,3}$/, "an integer from 1 to 500").transform(Number)
     .pipe(z.number().int().min(1).max(500)).default(50).describe(

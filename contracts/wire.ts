@@ -143,11 +143,23 @@ export interface Run {
    * limit ('' for a limit per tenant); null: not limited.
    */
   concurrency_key: string | null;
+  /** The run whose handler started this one (a child run); null: a caller admitted it. */
+  parent_run_id: string | null;
+  /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
+  root_run_id: string | null;
   /**
    * Only on `GET /v1/runs/{run_id}`: null unless queued or waiting; what the
    * run waits for.
    */
   waiting_for?: WaitingFor | null;
+  /**
+   * Only on `GET /v1/runs/{run_id}`: its child runs, newest first, the first
+   * 100; more by `GET /v1/runs?parent_run_id=<run_id>&cursor=<next_cursor>`.
+   */
+  children?: {
+    runs: { run_id: string; status: RunStatus; dispatch_key: string }[];
+    next_cursor: string | null;
+  };
   /** Only on `GET /v1/runs/{run_id}`: its durable calls in call order (the first 1,000). */
   steps?: RunStep[];
 }

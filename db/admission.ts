@@ -47,6 +47,10 @@ export interface NewRun {
   concurrency_key?: string | null;
   /** Its version's limit: at most this many of the group's runs running at once. */
   concurrency_limit?: number | null;
+  /** A child run's parent (`ctx.start`, migration 024); null or unset: a caller's run. */
+  parent_run_id?: string | null;
+  /** A child run's root (its parent's root, or its parent when that is a root). */
+  root_run_id?: string | null;
 }
 
 /** A run an admission statement returned for entry `i` of its batch. */
@@ -100,17 +104,19 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
           tenant_id text, run_id uuid, workflow_ref text, workflow_name text,
           workflow_version integer, input jsonb, goal_id text, dispatch_key text,
           source text, max_attempts integer, run_after timestamptz, traceparent text,
-          priority smallint, concurrency_key text, concurrency_limit integer)
+          priority smallint, concurrency_key text, concurrency_limit integer,
+          parent_run_id uuid, root_run_id uuid)
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
                         input, goal_id, dispatch_key, source, max_attempts, run_after,
-                        traceparent, priority, concurrency_key)
+                        traceparent, priority, concurrency_key, parent_run_id, root_run_id)
       -- jsonb_to_record turns a JSON null into SQL NULL; the column keeps JSON null.
       -- greatest() skips a null: no run_after, or one in the past, is now.
       select tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
              coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts,
-             greatest(run_after, now()), traceparent, coalesce(priority, 0), concurrency_key
+             greatest(run_after, now()), traceparent, coalesce(priority, 0), concurrency_key,
+             parent_run_id, root_run_id
         from req
        order by tenant_id, dispatch_key, i
       on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing

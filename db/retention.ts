@@ -24,6 +24,13 @@ const PURGE_FINISHED_RUNS = `
              where e.tenant_id = r.tenant_id and e.run_id = r.run_id
                and coalesce(e.published_at, e.parked_at) is null
              limit 1) is null
+       -- A child run (migration 024) stays while its root does: a tree is
+       -- purged root first, its children in the batches after (one probe
+       -- of the primary key per child).
+       and (r.root_run_id is null
+            or (select 1 from runs p
+                 where p.tenant_id = r.tenant_id and p.run_id = r.root_run_id
+                 limit 1) is null)
      order by r.finished_at
      limit $2::int
      for update of r skip locked
@@ -66,7 +73,13 @@ const PURGE_FINISHED_RUNS = `
  * `cancelled`) more than `retentionMs` ago, oldest first, with all their
  * `work_events`, `run_steps` and `run_signals`. A run with an event still to ship (unpublished and not
  * parked) is kept until the outbox shipped it: an event is never dropped
- * unpublished. Parked events go with their run (an operator had the whole
+ * unpublished. A child run is kept while its root run exists (whatever its
+ * own age): the root goes first, once past its own retention, and its
+ * finished descendants in the next batches, so no tree is left with a root
+ * and no children shown, nor children of a purged root kept for long. A
+ * root waiting long on many finished children makes each batch read past
+ * them in `runs_finished_idx`: a bounded cost of maintenance, off every
+ * run's path. Parked events go with their run (an operator had the whole
  * retention to un-park them). Rows another purger holds are skipped (`FOR
  * UPDATE SKIP LOCKED`), so purgers never queue behind each other, and no
  * lock is taken on a queued or running run.

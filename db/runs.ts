@@ -32,6 +32,10 @@ export interface RunRow {
   priority: number;
   /** Its concurrency group when its version declares a limit; null: not limited. */
   concurrency_key: string | null;
+  /** The run whose handler started it (`ctx.start`, migration 024); null: a caller admitted it. */
+  parent_run_id: string | null;
+  /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
+  root_run_id: string | null;
 }
 
 /** A run's status; the set is a wire contract (contracts/runs.ts). */
@@ -59,6 +63,8 @@ const RUN_COLUMN_NAMES = [
   "cancel_requested_at",
   "priority",
   "concurrency_key",
+  "parent_run_id",
+  "root_run_id",
 ] as const;
 
 /** The columns of `RunRow` as a SQL list, qualified by `alias` when given. */
@@ -133,6 +139,10 @@ export interface RunFilter {
   goalId?: string;
   dispatchKey?: string;
   status?: RunStatus;
+  /** Only the children of this run (runs_parent_idx, migration 025). */
+  parentRunId?: string;
+  /** Only the runs of this root's tree, the root excluded (runs_root_idx). */
+  rootRunId?: string;
   /** Exclusive: return runs older than this run id (UUIDv7 order is admission order). */
   before?: string;
   limit: number;
@@ -171,6 +181,18 @@ export function selectRuns(
       ? sql``
       : sql`and tenant_id collate "C" = ${tenantId} and dispatch_key = ${f.dispatchKey}`}
        ${f.status === undefined ? sql`` : sql`and status = ${f.status}`}
+       ${
+    // Collation "C" again: what lets the partial lineage indexes serve it.
+    f.parentRunId === undefined
+      ? sql``
+      : sql`and tenant_id collate "C" = ${tenantId} and parent_run_id = ${f.parentRunId}
+            and parent_run_id is not null`}
+       ${
+    f.rootRunId === undefined
+      ? sql``
+      : sql`and tenant_id collate "C" = ${tenantId} and root_run_id = ${f.rootRunId}
+            and root_run_id is not null`
+  }
        ${f.before === undefined ? sql`` : sql`and run_id < ${f.before}`}
      order by run_id desc
      limit ${f.limit}`;

@@ -860,4 +860,40 @@ alter table runs validate constraint runs_waiting_for;
 alter table workflow_versions add column signal_schemas jsonb;
 `,
   },
+  {
+    version: 24,
+    name: "run_lineage",
+    sql: `\
+-- Child runs (issue 31): a run started by another run's handler
+-- (\`ctx.start\`) records its parent and the root of its tree. Both are null
+-- for a run a caller admitted; a child of a root has root_run_id = its
+-- parent. Set once, at admission (db/admission.ts), never changed: the
+-- child's dispatch key \`child:<parent run_id>:<name>\` is what makes a
+-- retried parent find the child it started. The indexes that find a
+-- parent's children and a root's tree are built concurrently in 025.
+--
+-- Adding nullable columns without a default rewrites nothing.
+alter table runs
+  add column parent_run_id uuid,
+  add column root_run_id uuid;
+`,
+  },
+  {
+    version: 25,
+    name: "run_lineage_index",
+    sql: `\
+-- poimen:no-transaction
+-- A parent's children and a root's tree (migration 024), by tenant: the
+-- children listing of GET /v1/runs/{id} (one range per page, in run id
+-- order), GET /v1/runs?root_run_id= and the cancel cascade. Partial: the
+-- runs a caller admitted (most of them) are in neither. Collation "C" as
+-- migration 003 explains. Built concurrently; every statement may run again.
+create index concurrently if not exists runs_parent_idx
+  on runs (tenant_id collate "C", parent_run_id, run_id)
+  where parent_run_id is not null;
+create index concurrently if not exists runs_root_idx
+  on runs (tenant_id collate "C", root_run_id, run_id)
+  where root_run_id is not null;
+`,
+  },
 ];

@@ -439,6 +439,25 @@ CASES.push([
       assert.equal(run.tenant_id, "globex");
       assert.equal(run.source, "kafka:poimen.globex.dispatch/0/42");
     });
+    await t.step("a child: dispatch key is a 422, from any caller, body or header", async () => {
+      const child = `child:${crypto.randomUUID()}:charge`;
+      const fromBody = JSON.stringify({ workflow_ref: "echo", dispatch_key: child });
+      const body = await refused(() => req(fromBody), 422, "validation");
+      assert.equal(body.errors[0].path, "dispatch_key");
+      assert.match(body.errors[0].message, /child: is reserved/);
+      const header = await refused(() => req(ok, { "idempotency-key": child }), 422, "validation");
+      assert.equal(header.errors[0].path, "header.Idempotency-Key");
+      await refused(
+        () =>
+          req(fromBody, {
+            authorization: `Bearer ${relay}`,
+            "poimen-tenant": "globex",
+            "poimen-source": child,
+          }),
+        422,
+        "validation",
+      );
+    });
     await t.step("a tenant token cannot claim a source", async () => {
       const r = await req(ok, { "poimen-source": "kafka:poimen.acme.dispatch/0/1" });
       assert.equal(r.status, 201);

@@ -138,3 +138,34 @@ Deno.test("retention: the purge is sent unprepared, so no plan made on a young t
     await db.drop();
   }
 });
+
+Deno.test("retention: a child is kept while its root lives, and goes after it, the whole tree", async () => {
+  const db = await freshDatabase();
+  try {
+    await insertTenant(db.sql, TENANT);
+    const [root, other] = await runs(db.sql, 2, "succeeded", 40);
+    // The root's tree: old finished children and a grandchild, and a young one.
+    const kids = await runs(db.sql, 3, "succeeded", 50);
+    const [young] = await runs(db.sql, 1, "failed", 1);
+    await db.sql`update runs set parent_run_id = ${root}, root_run_id = ${root}
+                  where run_id = any(${[...kids, young]}::uuid[])`;
+    await db.sql`update runs set parent_run_id = ${kids[0]} where run_id = ${kids[2]}`;
+    // A tree whose root is still running: its old finished child stays.
+    const [live] = await runs(db.sql, 1, "running", 40);
+    const [liveKid] = await runs(db.sql, 1, "succeeded", 40);
+    await db.sql`update runs set parent_run_id = ${live}, root_run_id = ${live}
+                  where run_id = ${liveKid}`;
+
+    // The first batch takes the roots only; the children follow in the next.
+    assert.deepEqual(await purgeFinishedRuns(db.sql, 30 * DAY, 100), { runs: 2, events: 4 });
+    assert.deepEqual(await remaining(db.sql, [root, other]), { runs: 0, events: 0 });
+    assert.deepEqual(await remaining(db.sql, kids), { runs: 3, events: 6 });
+    assert.deepEqual(await purgeFinishedRuns(db.sql, 30 * DAY, 100), { runs: 3, events: 6 });
+    assert.deepEqual(await remaining(db.sql, kids), { runs: 0, events: 0 });
+    // Past neither retention: the young child, and the live root's child.
+    assert.deepEqual(await purgeFinishedRuns(db.sql, 30 * DAY, 100), { runs: 0, events: 0 });
+    assert.deepEqual(await remaining(db.sql, [young, live, liveKid]), { runs: 3, events: 6 });
+  } finally {
+    await db.drop();
+  }
+});

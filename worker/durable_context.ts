@@ -42,6 +42,7 @@ import type {
 } from "../workflows/durable.ts";
 import type { WorkflowContext } from "../workflows/define.ts";
 import type { Attempt } from "./attempt.ts";
+import { type ChildAdmission, startChild } from "./child_runs.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { attemptError, boundError, encodeResult, errorMessage } from "./run_output.ts";
 
@@ -59,6 +60,8 @@ export interface DurableDeps {
   hooks: WorkerHooks;
   /** A statement appended events: wake the outbox publisher. */
   eventsWritten(): void;
+  /** Admits the children handlers start (`ctx.start`); unset: `ctx.start` throws. */
+  children?: ChildAdmission;
 }
 
 /** Thrown by every durable call once the run is suspended: the attempt is over. */
@@ -129,6 +132,13 @@ export class DurableCalls {
       sleepUntil: (name, until) => this.#sleepUntil(name, until),
       waitForSignal: <T>(name: string, options?: WaitForSignalOptions) =>
         this.#waitForSignal<T>(name, options),
+      start: (name, definition, input, options) =>
+        startChild(
+          this.#deps.children,
+          this.#attempt.run,
+          (fn) => this.#step(name, fn),
+          { name, definition, input, options },
+        ),
     };
     return Object.defineProperties({ ...base } as WorkflowContext, {
       ...Object.getOwnPropertyDescriptors(calls),

@@ -45,6 +45,7 @@ export {
   type PoimenWorker,
 } from "./create_worker.ts";
 export type {
+  ChildRun,
   ConcurrencyLimit,
   DefinitionOptions,
   DurableContext,
@@ -55,13 +56,16 @@ export type {
   Signal,
   SignalPayload,
   SignalSchemas,
+  StartOptions,
   StepOptions,
   WaitForSignalOptions,
   Workflow,
   WorkflowContext,
   WorkflowDefinition,
   WorkflowHandler,
+  WorkflowInput,
   WorkflowOptions,
+  WorkflowResult,
 } from "../workflows/define.ts";
 
 /** What `runWorker` takes. */

@@ -39,6 +39,7 @@ import { WakeableSleep } from "../core/wakeable_sleep.ts";
 import { once, type Service } from "../core/lifecycle.ts";
 import { delay, MINUTE, SECOND } from "../core/time.ts";
 import { Listener } from "../db/listener.ts";
+import { ChildAdmission } from "./child_runs.ts";
 import {
   CANCEL_CHANNEL,
   notifyChannels,
@@ -240,6 +241,12 @@ export class Worker implements Service {
       errorMaxBytes: this.#opts.resultMaxBytes,
       hooks: this.#opts.hooks,
       eventsWritten: this.#eventsWritten,
+      // Children it admits are due now: wake the claimers and the outbox.
+      children: new ChildAdmission(sql, this.#log, () => {
+        this.#sleep.wake();
+        this.#notify();
+        this.#eventsWritten();
+      }),
     };
     registerLeaderTasks(this.#leader, sql, {
       ...this.#opts,

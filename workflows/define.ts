@@ -60,7 +60,14 @@ export type {
   WorkflowResult,
 } from "../contracts/workflow.ts";
 import type { DurableContext } from "./durable.ts";
-export type { DurableContext, Signal, StepOptions, WaitForSignalOptions } from "./durable.ts";
+export type {
+  ChildRun,
+  DurableContext,
+  Signal,
+  StartOptions,
+  StepOptions,
+  WaitForSignalOptions,
+} from "./durable.ts";
 
 export type { Fields, Logger } from "../core/log.ts";
 

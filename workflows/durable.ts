@@ -17,7 +17,13 @@
  * @module
  */
 
-import type { SignalPayload, SignalSchemas } from "../contracts/workflow.ts";
+import type {
+  SignalPayload,
+  SignalSchemas,
+  WorkflowDefinition,
+  WorkflowInput,
+  WorkflowResult,
+} from "../contracts/workflow.ts";
 
 /** Options of `ctx.step`. */
 export interface StepOptions {
@@ -33,6 +39,23 @@ export interface StepOptions {
 export interface WaitForSignalOptions {
   /** Milliseconds to wait at most (from the first call, by Postgres' clock); unset: no limit. */
   timeout?: number;
+}
+
+/** Options of `ctx.start`. */
+export interface StartOptions {
+  /** The child's priority, -10..10 (higher first within the tenant); 0 by default. */
+  priority?: number;
+}
+
+/**
+ * A child run a handler started (`ctx.start`). `O` is its workflow's
+ * result type, for the waits on it that are still to come (issue 31).
+ */
+export interface ChildRun<O = unknown> {
+  /** The child's run id: the same on every attempt of the parent. */
+  readonly runId: string;
+  /** Phantom: the child's result type. */
+  readonly __result?: O;
 }
 
 /** A signal as a wait returns it: sent to the run with `POST /v1/runs/{id}/signals`. */
@@ -101,4 +124,21 @@ export interface DurableContext<S extends SignalSchemas = SignalSchemas> {
     name: string,
     options?: WaitForSignalOptions,
   ): Promise<Signal<T> | null>;
+  /**
+   * Starts a child run of `definition` (its `name@version`) with `input`,
+   * for this run's tenant, through admission (the child's catalog schema,
+   * concurrency limit and priority apply), once per run: its dispatch key is
+   * `child:<this run_id>:<name>`, so a replay, or a retried attempt that
+   * died while starting it, gets the same child, never a second one. The
+   * child records this run as its parent and this run's root as its root.
+   * A workflow no worker registered, or an input its schema refuses, fails
+   * the call (a failed step of `name`) with the admission's error.
+   */
+  // deno-lint-ignore no-explicit-any
+  start<W extends WorkflowDefinition<any, any, any, any, any>>(
+    name: string,
+    definition: W,
+    input: WorkflowInput<W>,
+    options?: StartOptions,
+  ): Promise<ChildRun<WorkflowResult<W>>>;
 }

@@ -30,7 +30,8 @@ import {
   selectTenantQueue,
   selectTenantWaitingVersions,
 } from "../../db/queue_overview.ts";
-import { selectRun, selectRunEvents } from "../../db/runs.ts";
+import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
+import { selectRootRunId } from "../../db/lineage.ts";
 import { correctSlot } from "../../db/slot_reconcile.ts";
 import { repairLanes } from "../../db/lane_repair.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
@@ -167,6 +168,21 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "api: selectRun, with what it waits for",
       call: (sql) => selectRun(sql, s.tenant, s.runningRun, { waiting: true }),
       indexes: { runs: ["runs_pkey"], concurrency_slots: ["concurrency_slots_pkey"] },
+    },
+    {
+      name: "api: selectRuns, a parent's children (GET /v1/runs/{id}, ?parent_run_id=)",
+      call: (sql) => selectRuns(sql, s.tenant, { parentRunId: s.runningRun, limit: 101 }),
+      indexes: { runs: ["runs_parent_idx"] },
+    },
+    {
+      name: "worker: selectRootRunId (a parent's root, for its children)",
+      call: (sql) => selectRootRunId(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "api: selectRuns, a root's tree (?root_run_id=)",
+      call: (sql) => selectRuns(sql, s.tenant, { rootRunId: s.runningRun, limit: 51 }),
+      indexes: { runs: ["runs_root_idx"] },
     },
     {
       name: "queue: heartbeat",
@@ -375,7 +391,7 @@ export function hotStatements(s: Sample): HotStatement[] {
       modes: ["force_custom_plan"],
       fromRuns: 5_000,
       indexes: {
-        runs: ["runs_finished_idx", "Tid Scan"],
+        runs: ["runs_finished_idx", "runs_pkey", "Tid Scan"],
         work_events: ["work_events_pkey", "Tid Scan"],
         run_steps: ["run_steps_pkey", "Tid Scan"],
         run_signals: ["run_signals_pkey", "Tid Scan"],

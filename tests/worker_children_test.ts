@@ -1,0 +1,197 @@
+/**
+ * Child runs in the worker (`ctx.start`, issue 31), against a real
+ * Postgres: a parent starts its children through the admission kernel with
+ * derived dispatch keys, so an attempt that crashed after starting some of
+ * them and is retried starts each once; the children carry the parent's
+ * lineage and run; a child of a workflow no worker registered fails the
+ * parent's call at once with the admission's error. Workers run in this
+ * process.
+ */
+import assert from "node:assert/strict";
+import { z } from "zod";
+import { Admission } from "../admission/admit.ts";
+import { silentLogger } from "../core/log.ts";
+import { insertTenant } from "../db/auth.ts";
+import { registerVersions } from "../db/catalog.ts";
+import { createPool, type Sql } from "../db/pool.ts";
+import { defineWorkflow, type Workflow } from "../workflows/define.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { Worker } from "../worker/worker.ts";
+import { ChildAdmission } from "../worker/child_runs.ts";
+import { catalogOf } from "./support/catalog.ts";
+import { freshDatabase, waitFor } from "./support/db.ts";
+
+const TENANT = "acme";
+const N = 25;
+
+// deno-lint-ignore no-explicit-any
+type AnyWorkflow = Workflow<any>;
+
+const square = defineWorkflow({
+  name: "square",
+  version: 1,
+  input: z.object({ n: z.number() }),
+  output: z.object({ sq: z.number() }),
+  handler: ({ n }) => Promise.resolve({ sq: n * n }),
+});
+
+// Never registered by any worker: a child of it is refused by admission.
+const ghost = defineWorkflow({ name: "ghost", version: 1, input: z.object({}) });
+
+const fanOut = defineWorkflow({
+  name: "fan.out",
+  version: 1,
+  input: z.object({ n: z.number() }),
+  maxAttempts: 3,
+  async handler({ n }, ctx) {
+    const ids: string[] = [];
+    for (let i = 0; i < n; i++) {
+      const child = await ctx.start(`c${i}`, square, { n: i }, { priority: 2 });
+      ids.push(child.runId);
+      // The first attempt dies halfway through starting them.
+      if (ctx.attempt === 1 && i === Math.floor(n / 2)) throw new Error("crash while starting");
+    }
+    return { ids };
+  },
+});
+
+const startsGhost = defineWorkflow({
+  name: "starts.ghost",
+  version: 1,
+  input: z.object({}),
+  maxAttempts: 1,
+  async handler(_input, ctx) {
+    await ctx.start("g", ghost, {});
+    return null;
+  },
+});
+
+const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost];
+
+function worker(sql: Sql) {
+  const { host, port, user, database } = sql.options;
+  const url = `postgres://${user}@${host[0]}:${port[0]}/${database}`;
+  return new Worker(sql, new WorkflowRegistry(WORKFLOWS), {
+    leaderSession: () => createPool({ url, max: 1, applicationName: "children-test-leader" }),
+    id: `w-${crypto.randomUUID().slice(0, 8)}`,
+    concurrency: 8,
+    leaseMs: 30_000,
+    pollMs: 100,
+    retryBaseMs: 20,
+    shutdownMs: 2_000,
+    wakeMs: 100,
+    log: silentLogger,
+  });
+}
+
+interface Row {
+  run_id: string;
+  status: string;
+  result: unknown;
+  error: { code?: string; message: string } | null;
+  dispatch_key: string | null;
+  parent_run_id: string | null;
+  root_run_id: string | null;
+  priority: number;
+  source: string;
+}
+
+async function runRow(sql: Sql, runId: string): Promise<Row | undefined> {
+  const [row] = await sql<Row[]>`
+    select run_id, status, result, error, dispatch_key, parent_run_id, root_run_id, priority,
+           source
+      from runs where tenant_id = ${TENANT} and run_id = ${runId}`;
+  return row;
+}
+
+const final = (sql: Sql, runId: string) => async () => {
+  const row = await runRow(sql, runId);
+  return row && ["succeeded", "failed", "cancelled"].includes(row.status) ? row : undefined;
+};
+
+Deno.test("children: a parent retried after crashing while starting them starts each once, with its lineage", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry(WORKFLOWS)), {
+    maxBatch: 16,
+    maxConcurrent: 2,
+  });
+  const w = worker(db.sql);
+  try {
+    const parent = (await admission.admit({ workflow_ref: "fan.out", input: { n: N } }, {
+      tenantId: TENANT,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    // A start that died after its admission committed, before its step was
+    // stored: the child c3 exists already, and the parent must find it.
+    await registerVersions(db.sql, new WorkflowRegistry(WORKFLOWS).catalogVersions(), "tests");
+    const early = await new ChildAdmission(db.sql, silentLogger, () => {}).start(
+      { tenant_id: TENANT, run_id: parent },
+      { name: "c3", workflowRef: "square@1", input: { n: 3 }, priority: 2 },
+    );
+    await w.start();
+    const done = await waitFor("parent final", final(db.sql, parent), 30_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    const ids = (done.result as { ids: string[] }).ids;
+    assert.equal(ids.length, N);
+
+    const children = await db.sql<Row[]>`
+      select run_id, status, result, error, dispatch_key, parent_run_id, root_run_id, priority,
+             source
+        from runs where tenant_id = ${TENANT} and parent_run_id = ${parent} order by dispatch_key`;
+    assert.equal(children.length, N, "each child admitted once, the crash's included");
+    assert.deepEqual(
+      children.map((c) => c.dispatch_key).sort(),
+      Array.from({ length: N }, (_, i) => `child:${parent}:c${i}`).sort(),
+    );
+    assert.deepEqual(new Set(children.map((c) => c.run_id)), new Set(ids));
+    assert.equal(ids[3], early.run_id, "the child admitted before the crash, found again");
+    for (const c of children) {
+      assert.equal(c.root_run_id, parent);
+      assert.equal(c.priority, 2);
+      assert.equal(c.source, `run:${parent}`);
+    }
+    // The children run: each one's result is its input squared.
+    for (const c of children) {
+      const row = await waitFor(`child ${c.dispatch_key}`, final(db.sql, c.run_id), 20_000);
+      const i = Number(c.dispatch_key!.split(":c").pop());
+      assert.deepEqual(row.result, { sq: i * i });
+    }
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: a child of a workflow no worker registered fails the parent's call at once, clearly", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry(WORKFLOWS)), {
+    maxBatch: 16,
+    maxConcurrent: 2,
+  });
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const parent = (await admission.admit({ workflow_ref: "starts.ghost", input: {} }, {
+      tenantId: TENANT,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    const done = await waitFor("parent final", final(db.sql, parent), 20_000);
+    assert.equal(done.status, "failed");
+    assert.match(done.error!.message, /unknown workflow "ghost@1"/);
+    const [step] = await db.sql<{ name: string; status: string; error: { message: string } }[]>`
+      select name, status, error from run_steps where tenant_id = ${TENANT} and run_id = ${parent}`;
+    assert.equal(step.name, "g");
+    assert.equal(step.status, "failed");
+    assert.match(step.error.message, /unknown workflow "ghost@1"/);
+    const [{ n }] = await db.sql<{ n: number }[]>`
+      select count(*)::int as n from runs where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
+    assert.equal(n, 0);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
