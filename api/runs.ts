@@ -98,7 +98,7 @@ function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRe
 
 /** Routes under /v1/runs. */
 export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
-  const { sql, admission, metrics } = deps;
+  const { sql, metrics } = deps;
   const app = new Hono<ApiEnv>();
 
   // First, so that refusals by content type and size count as rejected
