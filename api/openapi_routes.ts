@@ -150,7 +150,8 @@ export const ROUTES: Route[] = [
       "per item, in order: each item is validated, deduplicated, quota-checked and admitted " +
       "exactly as the same request sent alone, and one bad item never fails the others. Items " +
       "with the same dispatch_key are admitted in their order (the first is created). A batch " +
-      "with `Idempotency-Key` is a 422 (each item carries its own `dispatch_key`); `Prefer` is " +
+      "with `Idempotency-Key` is a 422 (each item carries its own `dispatch_key`), and so is " +
+      "one with a service token's `Poimen-Source` (a source names one request); `Prefer` is " +
       "ignored. An empty or longer batch is a 422 for the whole request.",
     auth: true,
     headers: {

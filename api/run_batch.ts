@@ -39,7 +39,8 @@ export interface BatchDeps {
  * Answers a batch whose body parsed to `items` (an array): 422 for the
  * whole request when it is empty, longer than `RUN_BATCH_MAX_ITEMS` or sent
  * with `Idempotency-Key` (a key for many runs would be ambiguous: each item
- * carries its own `dispatch_key`); otherwise 207 with each item's result.
+ * carries its own `dispatch_key`) or, from a service token, `Poimen-Source`;
+ * otherwise 207 with each item's result.
  * `Prefer: wait` is ignored: a batch answers as soon as it is admitted.
  */
 export async function answerBatch(
@@ -53,6 +54,18 @@ export async function answerBatch(
       errors: [{
         path: `header.${HEADERS.idempotencyKey}`,
         message: "not with a batch: give each item its dispatch_key",
+      }],
+    });
+  }
+  // A source names one request (the relay's: one Kafka message, whose
+  // keyless run is keyed by it): a batch's items cannot share one. Refused,
+  // so a message whose value is an array is dead-lettered as before, not
+  // admitted as runs its redelivery would admit again.
+  if (c.req.header(HEADERS.source) !== undefined && c.get("principal").kind === "service") {
+    throw new PoimenError("validation", "the request does not match the schema", {
+      errors: [{
+        path: `header.${HEADERS.source}`,
+        message: "not with a batch: a source names one request",
       }],
     });
   }

@@ -152,6 +152,12 @@ Deno.test("batch admission: each item answered in order, as single admissions, w
   try {
     const batched = await token("batched");
     const singly = await token("singly");
+    const relay = newToken();
+    await insertToken(sql, await hashToken(relay), {
+      kind: "service",
+      tenant_id: null,
+      name: "relay",
+    });
 
     await t.step("a batch of 1,000 answers as 1,000 single requests, in order", async () => {
       await preAdmit(batched);
@@ -215,10 +221,12 @@ Deno.test("batch admission: each item answered in order, as single admissions, w
 
     await t.step("batch-wide refusals write nothing", async () => {
       const [before] = await sql`select count(*)::int as n from runs`;
-      const cases: [unknown, Record<string, string>, number, string][] = [
+      const cases: [unknown, Record<string, string>, number, string, boolean?][] = [
         [[], {}, 422, "validation"],
         [Array(1001).fill({ workflow_ref: "echo" }), {}, 422, "validation"],
         [[{ workflow_ref: "echo" }], { "idempotency-key": "abc" }, 422, "validation"],
+        // As the relay sends a message whose value is an array: one source, many runs.
+        [[{ workflow_ref: "echo" }], { "poimen-source": "kafka:t/0/1" }, 422, "validation", true],
         [
           JSON.stringify(Array(600).fill({ workflow_ref: "echo", input: "x".repeat(2000) })),
           {},
@@ -226,8 +234,10 @@ Deno.test("batch admission: each item answered in order, as single admissions, w
           "body-too-large",
         ],
       ];
-      for (const [body, headers, status, code] of cases) {
-        const r = await post(batched, body, headers);
+      for (const [body, headers, status, code, asRelay] of cases) {
+        const r = asRelay
+          ? await post(relay, body, { ...headers, "poimen-tenant": "batched" })
+          : await post(batched, body, headers);
         const problem = await r.json();
         assert.equal(r.status, status, JSON.stringify(problem).slice(0, 300));
         assert.equal(problem.type, PROBLEM_BASE + code);
