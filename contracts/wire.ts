@@ -302,6 +302,7 @@ export interface RunBatchResult {
 
 /** The answer to a batch admission: one result per item, in the items' order. */
 export interface RunBatchAnswer {
+  /** One per item of the batch, in the items' order. */
   results: RunBatchResult[];
 }
 
