@@ -79,6 +79,7 @@ export async function answerBatch(
   }
   const caller = admitCaller(c);
   const where = { method: c.req.method, path: c.req.path };
+  const log = oncePerKind(deps.log);
   const results = await Promise.all(admitAll(deps, caller, items));
   // The parsed items are no longer held: the body's budget share goes back.
   c.get("releaseBody")?.();
@@ -87,7 +88,7 @@ export async function answerBatch(
     results: results.map((r): RunBatchResult => {
       if ("error" in r) {
         deps.metrics.observeAdmission("rejected", seconds);
-        const { problem } = problemOf(r.error, deps.log, where);
+        const { problem } = problemOf(r.error, log, where);
         return { outcome: "problem", status: problem.status, problem };
       }
       deps.metrics.observeAdmission(r.created ? "created" : "deduplicated", seconds);
@@ -128,4 +129,25 @@ function admitAll(
     if (key != null) last.set(key, admitted);
     return admitted;
   });
+}
+
+/**
+ * `log`, with each warning or error line written once per message and code:
+ * a database outage fails a batch's 1,000 items alike, and is one line.
+ */
+function oncePerKind(log: Logger): Logger {
+  const seen = new Set<string>();
+  const once = (level: "warn" | "error") => (msg: string, fields?: Record<string, unknown>) => {
+    const kind = `${level} ${msg} ${String(fields?.code)}`;
+    if (seen.has(kind)) return;
+    seen.add(kind);
+    log[level](msg, fields);
+  };
+  return {
+    debug: (msg, fields) => log.debug(msg, fields),
+    info: (msg, fields) => log.info(msg, fields),
+    warn: once("warn"),
+    error: once("error"),
+    with: (fields) => log.with(fields),
+  };
 }
