@@ -45,6 +45,8 @@ function components(schemas: Record<string, z.ZodType>, io: "input" | "output") 
 function content(body: Body, io: "input" | "output") {
   const schema = body.schema === undefined
     ? {}
+    : Array.isArray(body.schema)
+    ? { oneOf: body.schema.map((name) => ({ $ref: `#/components/schemas/${name}` })) }
     : typeof body.schema === "string"
     ? { $ref: `#/components/schemas/${body.schema}` }
     : toJson(body.schema, io);

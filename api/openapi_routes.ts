@@ -10,6 +10,8 @@ import {
   ListRunsQuery,
   Problem,
   Run,
+  RunBatch,
+  RunBatchAnswer,
   RunEvents,
   RunPage,
   RunRequest,
@@ -23,9 +25,16 @@ import { SignalReceipt, SignalRequest } from "../contracts/signals.ts";
 export type Headers = Record<string, { description: string; schema: z.ZodType; example?: string }>;
 
 /** Request bodies: documented as clients write them (zod's input side). */
-export const REQUEST_SCHEMAS = { RunRequest, SignalRequest };
+export const REQUEST_SCHEMAS = { RunRequest, RunBatch, SignalRequest };
 /** Response bodies: documented as the API writes them (zod's output side). */
-export const RESPONSE_SCHEMAS = { Run, RunPage, RunEvents, Problem, SignalReceipt };
+export const RESPONSE_SCHEMAS = {
+  Run,
+  RunPage,
+  RunEvents,
+  Problem,
+  SignalReceipt,
+  RunBatchAnswer,
+};
 /** A component schema, by name. */
 export type SchemaName = keyof typeof REQUEST_SCHEMAS | keyof typeof RESPONSE_SCHEMAS;
 
@@ -38,8 +47,11 @@ const Ready = z.object({
 
 /** A request or response body. */
 export interface Body {
-  /** A component (by name) or an inline zod schema; omitted for a body of any shape. */
-  schema?: SchemaName | z.ZodType;
+  /**
+   * A component (by name), one of several components (`oneOf`), or an
+   * inline zod schema; omitted for a body of any shape.
+   */
+  schema?: SchemaName | SchemaName[] | z.ZodType;
   /** Default application/json. */
   contentType?: string;
   /** The media type's example, for a format a schema says little about (a stream). */
@@ -132,7 +144,15 @@ export const ROUTES: Route[] = [
   {
     method: "post",
     path: "/v1/runs",
-    summary: "Admit a run (idempotent by dispatch_key or Idempotency-Key)",
+    summary: "Admit a run, or a batch of runs (idempotent by dispatch_key or Idempotency-Key)",
+    description: "A JSON array is a batch: 1 to 1,000 run requests in one body (the body limit, " +
+      "BODY_LIMIT_BYTES, and the body budget apply to its bytes), answered 207 with one result " +
+      "per item, in order: each item is validated, deduplicated, quota-checked and admitted " +
+      "exactly as the same request sent alone, and one bad item never fails the others. Items " +
+      "with the same dispatch_key are admitted in their order (the first is created). A batch " +
+      "with `Idempotency-Key` is a 422 (each item carries its own `dispatch_key`), and so is " +
+      "one with a service token's `Poimen-Source` (a source names one request); `Prefer` is " +
+      "ignored. An empty or longer batch is a 422 for the whole request.",
     auth: true,
     headers: {
       ...TENANT_HEADER,
@@ -152,8 +172,13 @@ export const ROUTES: Route[] = [
       },
       ...PREFER_HEADER,
     },
-    body: { schema: "RunRequest" },
+    body: { schema: ["RunRequest", "RunBatch"] },
     answers: {
+      207: {
+        description: "A batch was answered: each item's result, in order (`created` and " +
+          "`replayed` with the run, or its `problem` with its status and `retryable`)",
+        schema: "RunBatchAnswer",
+      },
       201: {
         description: "Admitted: a new run (with `Prefer: wait=N`, as it is once final or " +
           "after N seconds)",

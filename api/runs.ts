@@ -1,7 +1,6 @@
-/** The runs resource: admission, one run, and a tenant's runs with keyset pagination. */
+/** The runs resource: admission (one run, or a batch: api/run_batch.ts), one run, and a tenant's runs with keyset pagination. */
 import { Hono, type MiddlewareHandler } from "hono";
 import { PoimenError } from "../core/errors.ts";
-import { activeTraceparent, validTraceparent } from "../core/tracing.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { selectRun, selectRunEvents } from "../db/runs.ts";
@@ -10,17 +9,10 @@ import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
-import {
-  CHILD_KEY_PREFIX,
-  HEADERS,
-  IdempotencyKeyHeader,
-  ListRunsQuery,
-  RELAY_KEY_PREFIX,
-  RunRequest,
-  SourceHeader,
-} from "../contracts/runs.ts";
+import { HEADERS, IdempotencyKeyHeader, ListRunsQuery, RunRequest } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
-import type { Principal } from "./auth.ts";
+import { admitCaller, admitChecked, refuseReservedKey } from "./run_admit.ts";
+import { answerBatch } from "./run_batch.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
 import type { BodyBudget } from "./body_budget.ts";
@@ -107,42 +99,9 @@ function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRe
   return { ...body, dispatch_key: key };
 }
 
-/**
- * Refuses a dispatch key in a reserved namespace: the relay's (`kafka:`, see
- * `RELAY_KEY_PREFIX`) unless a service token sends it as the key of its own
- * `Poimen-Source`, as the relay does for a keyless message; child runs'
- * (`child:`, `CHILD_KEY_PREFIX`) always, from any caller: only a worker
- * derives those. 422 naming the field the key came from.
- */
-function refuseReservedKey(
-  body: RunRequest,
-  fromHeader: boolean,
-  principal: Pick<Principal, "kind">,
-  source: string,
-): void {
-  const key = body.dispatch_key;
-  const path = fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key";
-  if (key?.startsWith(CHILD_KEY_PREFIX)) {
-    throw new PoimenError("validation", "the request does not match the schema", {
-      errors: [{
-        path,
-        message: `the prefix ${CHILD_KEY_PREFIX} is reserved for the keys of child runs`,
-      }],
-    });
-  }
-  if (key == null || !key.startsWith(RELAY_KEY_PREFIX)) return;
-  if (principal.kind === "service" && key === source) return;
-  throw new PoimenError("validation", "the request does not match the schema", {
-    errors: [{
-      path,
-      message: `the prefix ${RELAY_KEY_PREFIX} is reserved for the keys the inbox relay derives`,
-    }],
-  });
-}
-
 /** Routes under /v1/runs. */
 export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
-  const { sql, admission, metrics } = deps;
+  const { sql, metrics } = deps;
   const app = new Hono<ApiEnv>();
 
   // First, so that refusals by content type and size count as rejected
@@ -153,6 +112,8 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     await next();
     // A wait after admission (Prefer: wait=N) is not admission's latency.
     const ended = c.get("admittedAt") ?? performance.now();
+    // A batch (207) counts each of its items itself (api/run_batch.ts).
+    if (c.res.status === 207) return;
     const outcome = c.res.status === 201
       ? "created"
       : c.res.status === 200
@@ -167,31 +128,15 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     requireJson,
     limitBody(deps.bodyLimit, deps.bodyBudget),
     async (c) => {
-      const parsed = parseWith(RunRequest, await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs));
+      const raw = await parseJsonBody(c, deps.bodyBudget?.readTimeoutMs);
+      if (Array.isArray(raw)) return await answerBatch(deps, c, raw);
+      const parsed = parseWith(RunRequest, raw);
       const keyHeader = c.req.header(HEADERS.idempotencyKey);
       const body = withIdempotencyKey(parsed, keyHeader);
-      const principal = c.get("principal");
-      // Only a service token (the relay) may say where a request came from.
-      const claimed = principal.kind === "service" ? c.req.header(HEADERS.source) : undefined;
-      const source = claimed === undefined
-        ? `http:${principal.name}`
-        : parseWith(SourceHeader, claimed, `header.${HEADERS.source}`);
-      refuseReservedKey(
-        body,
-        parsed.dispatch_key == null && keyHeader !== undefined,
-        principal,
-        source,
-      );
-      const admit = () =>
-        admission.admit(body, {
-          tenantId: principal.tenantId,
-          source,
-          entry: "http",
-          // The API's request span when tracing is on, else the caller's trace.
-          traceparent: activeTraceparent() ?? validTraceparent(c.req.header("traceparent")),
-        });
-      // Over a quota: a 429 before the run reaches the batcher, nothing written.
-      const result = deps.quota ? await deps.quota.admit(principal.tenantId, admit) : await admit();
+      const caller = admitCaller(c);
+      const principal = caller.principal;
+      refuseReservedKey(body, parsed.dispatch_key == null && keyHeader !== undefined, caller);
+      const result = await admitChecked(deps, caller, body);
       let run = toRun(result.run);
       const wait = deps.watch && preferredWait(c.req.header("prefer"));
       if (deps.watch && wait !== undefined) {

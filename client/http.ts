@@ -45,6 +45,7 @@ import {
   type Problem,
   type ProblemFieldError,
   type Run,
+  type RunBatchResult,
   type RunEvent,
   type RunPage,
   type RunRequest,
@@ -63,6 +64,7 @@ import {
 } from "./problems.ts";
 import { jsonAnswer, runsQuery, sendRequest } from "./transport.ts";
 import { sendSignal, type SignalResult } from "./signal.ts";
+import { type AdmitBatchOptions, sendBatch } from "./batch.ts";
 import {
   type RequestOptions,
   retrying,
@@ -93,24 +95,7 @@ export type {
   RunStatus,
   WaitingFor,
 };
-export type {
-  RunAdmittedPayload,
-  RunCancelledPayload,
-  RunError,
-  RunEventOf,
-  RunEventPayloads,
-  RunEventType,
-  RunFailedPayload,
-  RunReleasedPayload,
-  RunRetryingPayload,
-  RunStartedPayload,
-  RunSucceededPayload,
-  RunWaitingPayload,
-  RunWokenPayload,
-  SignalReceivedPayload,
-  StepCompletedPayload,
-  StepFailedPayload,
-} from "../contracts/wire.ts";
+export type * from "./types.ts";
 export type * from "./options.ts";
 export {
   PoimenRunError,
@@ -137,7 +122,7 @@ export {
 } from "./problems.ts";
 export { PoimenNetworkError, PoimenProblem };
 export { type SignalResult, signalRun } from "./signal.ts";
-export type { RunStep, SignalReceipt, SignalRequest } from "../contracts/wire.ts";
+export * from "./batch.ts";
 
 const DEFAULT_TIMEOUT = 30 * SECOND;
 
@@ -259,6 +244,20 @@ export class PoimenClient {
       dispatchKey,
       attempts,
     };
+  }
+
+  /**
+   * Asks for up to `RUN_BATCH_MAX_ITEMS` runs in one request (`POST /v1/runs`
+   * with an array) and resolves with each item's result, in order: its run
+   * (`created`, `replayed`) or its problem. See client/batch.ts.
+   */
+  admitRuns(items: RunRequest[], opts: AdmitBatchOptions = {}): Promise<RunBatchResult[]> {
+    return sendBatch(
+      items,
+      opts,
+      (body, headers, retry) =>
+        this.#retrying(opts, retry, (s) => this.#call("POST", this.#runsUrl, s, { headers, body })),
+    );
   }
 
   /**

@@ -292,6 +292,32 @@ export interface Problem {
   run_status?: RunStatus;
 }
 
+/** Most run requests one batch (`POST /v1/runs` with a JSON array) may hold. */
+export const RUN_BATCH_MAX_ITEMS = 1000;
+
+/**
+ * One item's answer in a batch admission (`POST /v1/runs` with an array,
+ * answered 207): what a single admission of that item would have answered.
+ */
+export interface RunBatchResult {
+  /** `created` (a new run), `replayed` (its dispatch key was seen: the first run) or `problem`. */
+  outcome: "created" | "replayed" | "problem";
+  /** The status a single admission would have answered: 201, 200 or the problem's. */
+  status: number;
+  /** On `created` and `replayed`: the run. */
+  run?: Run;
+  /** On `replayed`: true when this item differs from the first request's body. */
+  body_mismatch?: boolean;
+  /** On `problem`: why this item was not admitted (its `retryable` says whether to send it again). */
+  problem?: Problem;
+}
+
+/** The answer to a batch admission: one result per item, in the items' order. */
+export interface RunBatchAnswer {
+  /** One per item of the batch, in the items' order. */
+  results: RunBatchResult[];
+}
+
 /** Headers of the admission protocol. */
 export const HEADERS = {
   /** A service token names the tenant it acts for. */

@@ -279,6 +279,37 @@ Deno.test({
   },
 });
 
+apiTest(
+  "admitRuns: one request, each item's result in order; idempotent keys every item",
+  async ({ db, tenant, api, token }) => {
+    const client = new PoimenClient({ url: api.url, token, retry: QUICK });
+    const key = `batch-${crypto.randomUUID()}`;
+    const results = await client.admitRuns([
+      { workflow_ref: "echo", input: { n: 1 }, dispatch_key: key },
+      { workflow_ref: "nowhere" },
+      { workflow_ref: "echo", input: { n: 2 }, dispatch_key: key },
+      { workflow_ref: "echo", input: { n: 3 } },
+    ], { idempotent: true });
+    assert.deepEqual(results.map((r) => [r.outcome, r.status]), [
+      ["created", 201],
+      ["problem", 422],
+      ["replayed", 200],
+      ["created", 201],
+    ]);
+    assert.equal(results[1].problem?.type, PROBLEM_BASE + "unknown-workflow");
+    assert.equal(results[1].problem?.retryable, false);
+    assert.equal(results[2].run?.run_id, results[0].run?.run_id);
+    assert.equal(results[2].body_mismatch, true);
+    assert.ok(UUID_PATTERN.test(results[3].run?.dispatch_key ?? ""), "a generated key");
+    assert.equal((await runsWithKey(db, tenant, key)).length, 1);
+    assert.deepEqual(await client.admitRuns([]), []);
+    await assert.rejects(
+      () => client.admitRuns(Array(1001).fill({ workflow_ref: "echo" })),
+      RangeError,
+    );
+  },
+);
+
 apiTest("a 422 surfaces as a typed PoimenProblem with its fields", async ({ api, token }) => {
   const client = new PoimenClient({ url: api.url, token });
   const retries: RetryInfo[] = [];
@@ -610,6 +641,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
   const root = new URL("../", import.meta.url).href;
   const local = info.modules.map((m) => m.specifier.replace(root, "")).sort();
   assert.deepEqual(local, [
+    "client/batch.ts",
     "client/event_stream.ts",
     "client/follow_run.ts",
     "client/http.ts",
@@ -618,6 +650,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     "client/retry.ts",
     "client/signal.ts",
     "client/transport.ts",
+    "client/types.ts",
     "client/wait_for_run.ts",
     "client/workflow_runs.ts",
     "contracts/concurrency.ts",
