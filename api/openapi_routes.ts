@@ -10,13 +10,12 @@ import {
   ListRunsQuery,
   Problem,
   Run,
-  RunBatch,
-  RunBatchAnswer,
   RunEvents,
   RunPage,
   RunRequest,
   SourceHeader,
 } from "../contracts/runs.ts";
+import { RunBatch, RunBatchAnswer } from "../contracts/run_batch.ts";
 import { TENANT_ID_PATTERN } from "../contracts/topics.ts";
 import { MAX_WAIT_SECONDS } from "../contracts/wire.ts";
 import { SignalReceipt, SignalRequest } from "../contracts/signals.ts";

@@ -13,13 +13,12 @@ import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission, AdmitResult } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
+import { HEADERS, RunRequest } from "../contracts/runs.ts";
 import {
-  HEADERS,
   RUN_BATCH_MAX_ITEMS,
   type RunBatchAnswer,
   type RunBatchResult,
-  RunRequest,
-} from "../contracts/runs.ts";
+} from "../contracts/run_batch.ts";
 import type { ApiEnv } from "./app.ts";
 import type { ApiMetrics } from "./metrics.ts";
 import { type AdmitCaller, admitCaller, admitChecked, refuseReservedKey } from "./run_admit.ts";

@@ -7,7 +7,6 @@
  */
 import { z } from "zod";
 import type * as Wire from "./wire.ts";
-import { RUN_BATCH_MAX_ITEMS } from "./wire.ts";
 import { JsonValue, MAX_JSON_DEPTH } from "./json_value.ts";
 import { RUN_EVENT_PAYLOADS } from "./events.ts";
 import type { RunEventType } from "./event_types.ts";
@@ -407,38 +406,8 @@ export const Problem = z.object({
 });
 export type Problem = z.infer<typeof Problem>;
 
-/**
- * A batch admission's body: 1 to `RUN_BATCH_MAX_ITEMS` run requests. Only
- * the array is checked here; each item is validated on its own, so that one
- * bad item is that item's problem, not the batch's.
- */
-export const RunBatch = z.array(RunRequest).min(1).max(RUN_BATCH_MAX_ITEMS).describe(
-  `1 to ${RUN_BATCH_MAX_ITEMS} run requests, each admitted as a single one would be ` +
-    "(an invalid item is its own problem, never the batch's)",
-);
-
-/** One item's answer in a batch admission. */
-export const RunBatchResult = z.object({
-  outcome: z.enum(["created", "replayed", "problem"]),
-  status: z.number().int().describe(
-    "What a single admission of the item would have answered: 201, 200 or the problem's status",
-  ),
-  run: Run.optional().describe("On `created` and `replayed`"),
-  body_mismatch: z.boolean().optional().describe(
-    "On `replayed`: true when the item differs from the first request's body",
-  ),
-  problem: Problem.optional().describe("On `problem`: why the item was not admitted"),
-});
-export type RunBatchResult = z.infer<typeof RunBatchResult>;
-
-/** The answer to a batch admission (207). */
-export const RunBatchAnswer = z.object({
-  results: z.array(RunBatchResult).describe("One per item, in the items' order"),
-});
-export type RunBatchAnswer = z.infer<typeof RunBatchAnswer>;
-
 /** Headers of the admission protocol (defined in wire.ts, which needs no zod). */
-export { HEADERS, RUN_BATCH_MAX_ITEMS } from "./wire.ts";
+export { HEADERS } from "./wire.ts";
 
 // The plain types of wire.ts (what the clients show their users) and the
 // schemas above must describe the same shapes: a difference fails here.
@@ -453,7 +422,5 @@ const sameShapes: [
   Same<RunPage, Wire.RunPage>,
   Same<RunEvent, Wire.RunEvent>,
   Same<Problem, Wire.Problem>,
-  Same<RunBatchResult, Wire.RunBatchResult>,
-  Same<RunBatchAnswer, Wire.RunBatchAnswer>,
-] = [true, true, true, true, true, true, true, true, true, true];
+] = [true, true, true, true, true, true, true, true];
 void sameShapes;

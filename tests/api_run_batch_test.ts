@@ -21,7 +21,7 @@ import { createApiMetrics } from "../api/metrics.ts";
 import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { setTenantQuota } from "../db/tenant_quotas.ts";
-import type { RunBatchResult } from "../contracts/runs.ts";
+import type { RunBatchResult } from "../contracts/run_batch.ts";
 import type { Sql } from "../db/pool.ts";
 
 let db: TestDatabase;
