@@ -33,10 +33,11 @@ function pointerPath(pointer: string): string[] {
 export type AdmitRequest = RunRequest;
 
 /**
- * Who is calling the kernel. Only the HTTP layer admits runs; the origin is
+ * Who is calling the kernel: the HTTP layer, or the schedule ticker (in the
+ * API process, admission/schedule_ticker.ts). The origin is
  * recorded (a metric label) so a test can prove nothing else does.
  */
-export type AdmissionEntry = "http";
+export type AdmissionEntry = "http" | "schedule";
 
 export interface AdmitContext {
   tenantId: string;

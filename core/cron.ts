@@ -12,8 +12,8 @@
  */
 import { Cron } from "croner";
 
-/** At most this many occurrences are listed by one call. */
-export const MAX_OCCURRENCES = 1000;
+/** At most this many occurrences are listed by one call (a day of minutes fits). */
+export const MAX_OCCURRENCES = 2000;
 
 /** Why `cron` in `timezone` is not a schedule; undefined when it is one. */
 export function cronProblem(cron: string, timezone: string): string | undefined {

@@ -1,0 +1,176 @@
+/**
+ * The schedules' statements (migration 027). Every one names its tenant but
+ * `selectDueSchedules`, the tickers' range of schedules_due_idx across
+ * tenants (a row per schedule, never per run).
+ */
+import type { JSONValue, Sql } from "./pool.ts";
+
+/** A schedule as stored. */
+export interface ScheduleRow {
+  tenant_id: string;
+  schedule_id: string;
+  workflow_ref: string;
+  cron: string;
+  timezone: string;
+  input: unknown;
+  overlap: "skip" | "allow";
+  catchup: "skip" | "latest" | "all";
+  paused: boolean;
+  /** The earliest occurrence not yet ticked; null while paused. */
+  next_at: Date | null;
+  last_run_id: string | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+/** What a caller sets of a schedule. */
+export type ScheduleFields = Pick<
+  ScheduleRow,
+  "workflow_ref" | "cron" | "timezone" | "input" | "overlap" | "catchup" | "paused" | "next_at"
+>;
+
+/** The database's clock: the time every tick is measured by. */
+export async function databaseNow(sql: Sql): Promise<Date> {
+  const [row] = await sql<{ now: Date }[]>`select now() as now`;
+  return row.now;
+}
+
+/** Creates a schedule; undefined when the tenant has one with this id already. */
+export async function insertSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
+                           catchup, paused, next_at)
+    values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
+            ${sql.json(f.input as JSONValue)}, ${f.overlap}, ${f.catchup}, ${f.paused},
+            ${f.next_at})
+    on conflict (tenant_id, schedule_id) do nothing
+    returning *`;
+  return row;
+}
+
+/**
+ * Creates or replaces a schedule a workflow version declares; a
+ * replacement keeps its cursor when its cron and zone are unchanged.
+ */
+export async function upsertSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow> {
+  const [row] = await sql<ScheduleRow[]>`
+    insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
+                           catchup, paused, next_at)
+    values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
+            ${sql.json(f.input as JSONValue)}, ${f.overlap}, ${f.catchup}, ${f.paused},
+            ${f.next_at})
+    on conflict (tenant_id, schedule_id) do update
+       set workflow_ref = excluded.workflow_ref, input = excluded.input,
+           cron = excluded.cron, timezone = excluded.timezone,
+           next_at = case when schedules.paused then null
+                          when schedules.cron = excluded.cron
+                           and schedules.timezone = excluded.timezone
+                          then schedules.next_at else excluded.next_at end,
+           updated_at = now()
+    returning *`;
+  return row;
+}
+
+/** One schedule of the tenant's. */
+export async function selectSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    select * from schedules where tenant_id = ${tenantId} and schedule_id = ${scheduleId}`;
+  return row;
+}
+
+/** The tenant's schedules in id order, `limit` of them after `after`. */
+export async function selectSchedules(
+  sql: Sql,
+  tenantId: string,
+  opts: { after?: string; limit: number },
+): Promise<ScheduleRow[]> {
+  return await sql<ScheduleRow[]>`
+    select * from schedules
+     where tenant_id = ${tenantId} and schedule_id > ${opts.after ?? ""}
+     order by schedule_id limit ${opts.limit}`;
+}
+
+/** Replaces a schedule's fields; undefined when there is no such schedule. */
+export async function updateSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    update schedules
+       set workflow_ref = ${f.workflow_ref}, cron = ${f.cron}, timezone = ${f.timezone},
+           input = ${sql.json(f.input as JSONValue)}, overlap = ${f.overlap},
+           catchup = ${f.catchup}, paused = ${f.paused}, next_at = ${f.next_at},
+           updated_at = now()
+     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning *`;
+  return row;
+}
+
+/** Deletes a schedule; false when there was none. Its runs stay. */
+export async function deleteSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+): Promise<boolean> {
+  const rows = await sql`
+    delete from schedules where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning 1`;
+  return rows.length > 0;
+}
+
+/**
+ * Up to `limit` schedules due at `now`, earliest first, each locked for the
+ * caller's transaction; a schedule another ticker holds is skipped (it is
+ * being ticked), so tickers never wait on each other and each reads a
+ * schedule's cursor only after the last tick of it committed.
+ */
+export async function selectDueSchedules(
+  tx: Sql,
+  now: Date,
+  limit: number,
+): Promise<ScheduleRow[]> {
+  return await tx<ScheduleRow[]>`
+    select * from schedules
+     where next_at is not null and next_at <= ${now}
+     order by next_at limit ${limit}
+       for update skip locked`;
+}
+
+/** Moves a ticked schedule's cursor to `nextAt`, and its last run when one was admitted. */
+export async function advanceSchedule(
+  tx: Sql,
+  tenantId: string,
+  scheduleId: string,
+  nextAt: Date | null,
+  lastRunId: string | null,
+): Promise<void> {
+  await tx`
+    update schedules
+       set next_at = ${nextAt}, last_run_id = coalesce(${lastRunId}::uuid, last_run_id)
+     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}`;
+}
+
+/** Whether the tenant's run `runId` exists and has not finished. */
+export async function runUnfinished(sql: Sql, tenantId: string, runId: string): Promise<boolean> {
+  const rows = await sql`
+    select 1 from runs
+     where tenant_id = ${tenantId} and run_id = ${runId}
+       and status in ('queued', 'running', 'waiting')`;
+  return rows.length > 0;
+}
