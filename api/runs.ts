@@ -29,6 +29,7 @@ import { lastEventId, runEventStream } from "./run_stream.ts";
 import { MAX_RUN_EVENTS, toRun, toRunEvent } from "./run_json.ts";
 import { listRunsPage } from "./run_list.ts";
 import { answerSignal } from "./run_signals.ts";
+import { SCHEDULE_KEY_PREFIX } from "../admission/schedule_ticker.ts";
 import { selectStepSummaries } from "../db/run_steps.ts";
 
 export interface RunsDeps {
@@ -104,7 +105,8 @@ function withIdempotencyKey(body: RunRequest, header: string | undefined): RunRe
 }
 
 /**
- * Refuses a dispatch key in the relay's reserved namespace (`kafka:`, see
+ * Refuses a dispatch key of a schedule's occurrence (`schedule:`), and one
+ * in the relay's reserved namespace (`kafka:`, see
  * `RELAY_KEY_PREFIX`) unless a service token sends it as the key of its own
  * `Poimen-Source`, as the relay does for a keyless message: 422 naming the
  * field the key came from.
@@ -116,6 +118,16 @@ function refuseReservedKey(
   source: string,
 ): void {
   const key = body.dispatch_key;
+  if (key?.startsWith(SCHEDULE_KEY_PREFIX)) {
+    // A schedule's occurrences are admitted by its tick and backfill alone:
+    // a caller taking one's key would make that occurrence replay its run.
+    throw new PoimenError("validation", "the request does not match the schema", {
+      errors: [{
+        path: fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key",
+        message: `the prefix ${SCHEDULE_KEY_PREFIX} is reserved for the occurrences of schedules`,
+      }],
+    });
+  }
   if (key == null || !key.startsWith(RELAY_KEY_PREFIX)) return;
   if (principal.kind === "service" && key === source) return;
   throw new PoimenError("validation", "the request does not match the schema", {
