@@ -23,7 +23,7 @@ export interface ScheduleRow {
   updated_at: Date;
 }
 
-/** What a caller sets of a schedule. */
+/** What a caller sets of a schedule (a null input is stored as JSON null, not SQL NULL). */
 export type ScheduleFields = Pick<
   ScheduleRow,
   "workflow_ref" | "cron" | "timezone" | "input" | "overlap" | "catchup" | "paused" | "next_at"
@@ -46,7 +46,9 @@ export async function insertSchedule(
     insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
                            catchup, paused, next_at)
     values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
-            ${sql.json(f.input as JSONValue)}, ${f.overlap}, ${f.catchup}, ${f.paused},
+            coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), ${f.overlap}, ${f.catchup}, ${f.paused},
             ${f.next_at})
     on conflict (tenant_id, schedule_id) do nothing
     returning *`;
@@ -67,7 +69,9 @@ export async function upsertSchedule(
     insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
                            catchup, paused, next_at)
     values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
-            ${sql.json(f.input as JSONValue)}, ${f.overlap}, ${f.catchup}, ${f.paused},
+            coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), ${f.overlap}, ${f.catchup}, ${f.paused},
             ${f.next_at})
     on conflict (tenant_id, schedule_id) do update
        set workflow_ref = excluded.workflow_ref, input = excluded.input,
@@ -114,7 +118,9 @@ export async function updateSchedule(
   const [row] = await sql<ScheduleRow[]>`
     update schedules
        set workflow_ref = ${f.workflow_ref}, cron = ${f.cron}, timezone = ${f.timezone},
-           input = ${sql.json(f.input as JSONValue)}, overlap = ${f.overlap},
+           input = coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), overlap = ${f.overlap},
            catchup = ${f.catchup}, paused = ${f.paused}, next_at = ${f.next_at},
            updated_at = now()
      where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
