@@ -95,7 +95,8 @@ export const RunRequest = z.strictObject({
   ),
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
-      "1–255 printable characters; the prefix `kafka:` is reserved to the inbox relay",
+      "1–255 printable characters; the prefix `kafka:` is reserved to the inbox relay, " +
+      "`schedule:` to the occurrences of schedules",
   ),
   // Piped: the bounds are checked only on a well-formed time.
   run_after: z.iso.datetime({ offset: true }).pipe(
@@ -234,6 +235,12 @@ export const Run = z.object({
   concurrency_key: z.string().nullable().describe(
     "Its concurrency key when its workflow version declares a concurrency limit ('' for a " +
       "limit per tenant); null: not limited",
+  ),
+  schedule_id: z.string().optional().describe(
+    "Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule",
+  ),
+  scheduled_for: z.string().optional().describe(
+    "Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339)",
   ),
   waiting_for: WaitingFor.nullable().optional().describe(
     "Only on GET /v1/runs/{run_id}: null unless the run is queued or waiting; what it waits for",

@@ -143,6 +143,10 @@ export interface Run {
    * limit ('' for a limit per tenant); null: not limited.
    */
   concurrency_key: string | null;
+  /** Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule. */
+  schedule_id?: string;
+  /** Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339). */
+  scheduled_for?: string;
   /**
    * Only on `GET /v1/runs/{run_id}`: null unless queued or waiting; what the
    * run waits for.
