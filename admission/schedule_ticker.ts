@@ -75,6 +75,20 @@ export function dueOccurrences(s: ScheduleRow, now: Date): Date[] {
   }
 }
 
+/**
+ * Where a new, changed or resumed schedule's cursor starts: its first
+ * occurrence at or after the database's now (nothing before is caught up);
+ * null while paused.
+ */
+export async function firstOccurrenceFrom(
+  sql: Sql,
+  f: Pick<ScheduleRow, "cron" | "timezone" | "paused">,
+): Promise<Date | null> {
+  if (f.paused) return null;
+  const now = await databaseNow(sql);
+  return nextOccurrence(f.cron, f.timezone, new Date(now.getTime() - 1));
+}
+
 /** Admits `schedule`'s occurrence at `at` (a replay when it was admitted already). */
 export async function admitOccurrence(
   admission: Admission,

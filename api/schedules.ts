@@ -8,17 +8,15 @@ import { PoimenError } from "../core/errors.ts";
 import { MAX_OCCURRENCES, nextOccurrence, occurrencesBetween } from "../core/cron.ts";
 import type { Sql } from "../db/pool.ts";
 import {
-  databaseNow,
   deleteSchedule,
   insertSchedule,
-  type ScheduleFields,
   type ScheduleRow,
   selectSchedule,
   selectSchedules,
   updateSchedule,
 } from "../db/schedules.ts";
 import type { Admission } from "../admission/admit.ts";
-import { admitOccurrence } from "../admission/schedule_ticker.ts";
+import { admitOccurrence, firstOccurrenceFrom } from "../admission/schedule_ticker.ts";
 import {
   BackfillRequest,
   ListSchedulesQuery,
@@ -66,13 +64,6 @@ export function toSchedule(row: ScheduleRow): Schedule {
   };
 }
 
-/** The first occurrence at or after the database's now; null while paused. */
-async function firstFrom(sql: Sql, f: Omit<ScheduleFields, "next_at">): Promise<Date | null> {
-  if (f.paused) return null;
-  const now = await databaseNow(sql);
-  return nextOccurrence(f.cron, f.timezone, new Date(now.getTime() - 1));
-}
-
 function notFound(id: string): PoimenError {
   return new PoimenError("not-found", `no schedule ${id}`);
 }
@@ -99,7 +90,7 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     };
     const row = await insertSchedule(sql, tenantId, req.id, {
       ...f,
-      next_at: await firstFrom(sql, f),
+      next_at: await firstOccurrenceFrom(sql, f),
     });
     if (!row) {
       throw new PoimenError("schedule-exists", `schedule ${req.id} exists (PATCH it to change it)`);
@@ -156,7 +147,7 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     const same = f.cron === row.cron && f.timezone === row.timezone && f.paused === row.paused;
     const updated = await updateSchedule(sql, tenantId, id, {
       ...f,
-      next_at: same ? row.next_at : await firstFrom(sql, f),
+      next_at: same ? row.next_at : await firstOccurrenceFrom(sql, f),
     });
     if (!updated) throw notFound(id);
     return c.json(toSchedule(updated));
