@@ -1,10 +1,11 @@
 /**
  * The schedule tick. Every API process runs a `ScheduleTicker` (it has the
  * admission kernel and the workflow catalog already; no process to add, no
- * leader to elect): each round it locks the schedules due by the database's
- * clock (`for update skip locked`, so two tickers never tick one schedule at
- * once and neither waits), admits the occurrences its policies choose, and
- * moves each schedule's cursor past now. An occurrence is a run admitted
+ * leader to elect): each round it claims the schedules due by the
+ * database's clock (a short lease, taken with `for update skip locked`, so
+ * two tickers do not tick one schedule at once and neither waits, and no
+ * transaction stays open while it admits), admits the occurrences its
+ * policies choose, and moves each schedule's cursor past now. An occurrence is a run admitted
  * with the dispatch key `schedule:<id>:<UTC instant>`: a ticker that dies
  * between admitting and moving the cursor, or a late one, admits the same
  * key again and gets the same run, so each occurrence starts exactly once
@@ -15,13 +16,13 @@ import type { Logger } from "../core/log.ts";
 import { IntervalMaintenance } from "../core/maintenance.ts";
 import { DAY, MINUTE, SECOND } from "../core/time.ts";
 import { nextOccurrence, occurrencesBetween } from "../core/cron.ts";
-import { inTransaction, type Sql } from "../db/pool.ts";
+import type { Sql } from "../db/pool.ts";
 import {
   advanceSchedule,
+  claimDueSchedules,
   databaseNow,
   runUnfinished,
   type ScheduleRow,
-  selectDueSchedules,
 } from "../db/schedules.ts";
 import type { Admission, AdmitResult } from "./admit.ts";
 
@@ -40,6 +41,10 @@ export const MAX_BACKFILL_RUNS = 1000;
 // Schedules one round locks and ticks at most; more wait for the next round.
 const SCHEDULES_PER_ROUND = 100;
 const DB_RETRY_CAP_MS = 10 * SECOND;
+// How long a ticker holds the schedules it claimed: far longer than a tick
+// takes, so another ticker takes one over only from a ticker that died or
+// hung (it admits the same keys again: the same runs).
+const CLAIM_LEASE_MS = 30 * SECOND;
 
 /** The dispatch key of `scheduleId`'s occurrence at `at`. */
 export function occurrenceKey(scheduleId: string, at: Date): string {
@@ -141,14 +146,12 @@ export class ScheduleTicker extends IntervalMaintenance {
   /** One tick: every schedule due now, once. Returns how many schedules it ticked. */
   async tick(): Promise<number> {
     const now = await (this.#opts.now?.() ?? databaseNow(this.#sql));
-    return await inTransaction(this.#sql, async (tx) => {
-      const due = await selectDueSchedules(tx, now, SCHEDULES_PER_ROUND);
-      for (const s of due) await this.#tickOne(tx, s, now);
-      return due.length;
-    });
+    const due = await claimDueSchedules(this.#sql, now, SCHEDULES_PER_ROUND, CLAIM_LEASE_MS);
+    for (const s of due) await this.#tickOne(s, now);
+    return due.length;
   }
 
-  async #tickOne(tx: Sql, s: ScheduleRow, now: Date): Promise<void> {
+  async #tickOne(s: ScheduleRow, now: Date): Promise<void> {
     let chosen = dueOccurrences(s, now);
     if (s.overlap === "skip" && chosen.length > 0) {
       // One at a time: the latest, and only once the last one finished.
@@ -175,12 +178,6 @@ export class ScheduleTicker extends IntervalMaintenance {
         });
       }
     }
-    await advanceSchedule(
-      tx,
-      s.tenant_id,
-      s.schedule_id,
-      nextOccurrence(s.cron, s.timezone, now),
-      lastRunId,
-    );
+    await advanceSchedule(this.#sql, s, nextOccurrence(s.cron, s.timezone, now), lastRunId);
   }
 }

@@ -19,6 +19,8 @@ export interface ScheduleRow {
   /** The earliest occurrence not yet ticked; null while paused. */
   next_at: Date | null;
   last_run_id: string | null;
+  /** A ticker's claim while it ticks the schedule. */
+  ticking_until: Date | null;
   created_at: Date;
   updated_at: Date;
 }
@@ -141,35 +143,47 @@ export async function deleteSchedule(
 }
 
 /**
- * Up to `limit` schedules due at `now`, earliest first, each locked for the
- * caller's transaction; a schedule another ticker holds is skipped (it is
- * being ticked), so tickers never wait on each other and each reads a
- * schedule's cursor only after the last tick of it committed.
+ * Claims up to `limit` schedules due at `now`, earliest first, for
+ * `leaseMs` of the database's clock: a schedule another ticker holds (its
+ * lease not expired, or its row locked this instant) is skipped, so tickers
+ * never wait on each other and none holds a transaction while it admits.
  */
-export async function selectDueSchedules(
-  tx: Sql,
+export async function claimDueSchedules(
+  sql: Sql,
   now: Date,
   limit: number,
+  leaseMs: number,
 ): Promise<ScheduleRow[]> {
-  return await tx<ScheduleRow[]>`
-    select * from schedules
-     where next_at is not null and next_at <= ${now}
-     order by next_at limit ${limit}
-       for update skip locked`;
+  return await sql<ScheduleRow[]>`
+    update schedules s
+       set ticking_until = clock_timestamp() + ${leaseMs} * interval '1 millisecond'
+      from (select tenant_id, schedule_id from schedules
+             where next_at is not null and next_at <= ${now}
+               and (ticking_until is null or ticking_until < clock_timestamp())
+             order by next_at limit ${limit}
+               for update skip locked) d
+     where s.tenant_id = d.tenant_id and s.schedule_id = d.schedule_id
+    returning s.*`;
 }
 
-/** Moves a ticked schedule's cursor to `nextAt`, and its last run when one was admitted. */
+/**
+ * Moves a ticked schedule's cursor to `nextAt`, and its last run when one
+ * was admitted, and ends the claim. Not when the schedule changed meanwhile
+ * (paused, its cron edited: `updated_at` moved), which set its own cursor.
+ */
 export async function advanceSchedule(
-  tx: Sql,
-  tenantId: string,
-  scheduleId: string,
+  sql: Sql,
+  s: Pick<ScheduleRow, "tenant_id" | "schedule_id" | "updated_at">,
   nextAt: Date | null,
   lastRunId: string | null,
 ): Promise<void> {
-  await tx`
+  await sql`
     update schedules
-       set next_at = ${nextAt}, last_run_id = coalesce(${lastRunId}::uuid, last_run_id)
-     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}`;
+       -- Compared in milliseconds: the row came back as a JS Date.
+       set next_at = case when date_trunc('milliseconds', updated_at) = ${s.updated_at}
+                          then ${nextAt} else next_at end,
+           last_run_id = coalesce(${lastRunId}::uuid, last_run_id), ticking_until = null
+     where tenant_id = ${s.tenant_id} and schedule_id = ${s.schedule_id}`;
 }
 
 /** Whether the tenant's run `runId` exists and has not finished. */

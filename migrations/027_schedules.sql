@@ -8,7 +8,9 @@
 -- next_at: the earliest occurrence not yet ticked (the ticker's cursor);
 -- null while paused. last_run_id: the run of the last admitted occurrence,
 -- read by the `skip` overlap policy (one primary-key probe of runs, by
--- tenant). The primary key leads with the tenant: every read and write of
+-- tenant). ticking_until: a ticker's claim on the schedule while it ticks it
+-- (a lease, so no transaction stays open while it admits; a ticker that
+-- dies leaves it to expire). The primary key leads with the tenant: every read and write of
 -- one schedule is one probe; the tickers' scan of due schedules across
 -- tenants is schedules_due_idx, a range of a partial index in due order.
 create table schedules (
@@ -23,6 +25,7 @@ create table schedules (
   paused boolean not null default false,
   next_at timestamptz,
   last_run_id uuid,
+  ticking_until timestamptz,
   created_at timestamptz not null default now(),
   updated_at timestamptz not null default now(),
   primary key (tenant_id, schedule_id)

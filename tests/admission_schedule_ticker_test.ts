@@ -126,8 +126,14 @@ Deno.test("catch-up after a stop: skip admits none of the missed, latest the las
       await insertSchedule(db.sql, tenant, catchup, fields("0 * * * *", T0, { catchup }));
     }
     // Down from before 10:00 until 13:30: 10:00, 11:00, 12:00 and 13:00 were missed.
+    // One connection is enough: no transaction stays open while the tick admits.
     const clock = { now: new Date("2030-01-01T13:30:00Z") };
-    await tickerOn(db.sql, clock).tick();
+    const one = createPool({ url: db.url, max: 1, applicationName: "t" });
+    try {
+      await tickerOn(one, clock).tick();
+    } finally {
+      await one.end();
+    }
     const keys = (await scheduledRuns(db.sql, tenant)).map((r) => r.dispatch_key);
     const hours = (id: string, hs: number[]) =>
       hs.map((h) => occurrenceKey(id, new Date(`2030-01-01T${h}:00:00Z`)));
