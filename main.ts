@@ -29,6 +29,10 @@ const COMMANDS: Record<string, { summary: string; load: () => Promise<{ main: Co
     load: () => import("./cli/init.ts"),
   },
   token: { summary: "create a tenant or service token", load: () => import("./cli/token.ts") },
+  schedule: {
+    summary: "list, create, pause, resume, delete or backfill a tenant's schedules",
+    load: () => import("./cli/schedule.ts"),
+  },
   tenant: {
     summary: "show or set a tenant's quotas (max queued runs, admission rate)",
     load: () => import("./cli/tenant.ts"),

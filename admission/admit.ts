@@ -33,12 +33,13 @@ function pointerPath(pointer: string): string[] {
 export type AdmitRequest = RunRequest;
 
 /**
- * Who is calling the kernel: the HTTP layer (every caller's run), or a
- * worker starting a child run for a handler (`ctx.start`,
- * worker/child_runs.ts). The origin is recorded (a metric label) so a test
- * can prove nothing else does.
+ * Who is calling the kernel: the HTTP layer (every caller's run), a worker
+ * starting a child run for a handler (`ctx.start`, worker/child_runs.ts), or
+ * the schedule ticker (in the API process, admission/schedule_ticker.ts).
+ * The origin is recorded (a metric label) so a test can prove nothing else
+ * does.
  */
-export type AdmissionEntry = "http" | "child";
+export type AdmissionEntry = "http" | "child" | "schedule";
 
 export interface AdmitContext {
   tenantId: string;

@@ -16,6 +16,7 @@ import type { ApiMetrics } from "./metrics.ts";
 import type { BodyBudget } from "./body_budget.ts";
 import { problemResponse } from "./problem.ts";
 import { runsRoutes } from "./runs.ts";
+import { schedulesRoutes } from "./schedules.ts";
 import { openApiDocument } from "./openapi.ts";
 import { abortable, checkReadiness } from "../core/health.ts";
 import type { ConsoleAssets } from "./console/assets.ts";
@@ -111,6 +112,7 @@ export function createApp(deps: AppDeps): Hono<ApiEnv> {
     await next();
   });
   app.route("/v1/runs", runsRoutes(deps));
+  app.route("/v1/schedules", schedulesRoutes(deps));
   app.route(
     "/console",
     consoleRoutes({

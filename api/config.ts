@@ -66,6 +66,13 @@ export const ApiEnv = z.object({
    */
   CATALOG_REFRESH_MS: millis(30 * SECOND),
   /**
+   * Mean time between two schedule ticks of this API process (jittered
+   * ±25%; admission/schedule_ticker.ts): an occurrence starts within about
+   * this long of its time. Every API process ticks; each occurrence still
+   * starts once.
+   */
+  SCHEDULE_TICK_MS: millis(5 * SECOND),
+  /**
    * Waits (`Prefer: wait=N`) and event streams one API process holds at
    * once; past it, 503 `busy` with Retry-After.
    */

@@ -71,7 +71,7 @@ export function createApiMetrics(
     }),
     admissionCalls: new client.Counter({
       name: "poimen_admission_calls_total",
-      help: "Calls of the admission kernel by entry point (only http exists)",
+      help: "Calls of the admission kernel by entry point (http, or schedule: the schedule tick)",
       labelNames: ["entry"] as const,
       registers,
     }),

@@ -139,10 +139,12 @@ function operation(route: Route) {
     responses[status] = {
       description: answer.description,
       ...(answer.headers ? { headers: headerObjects(answer.headers) } : {}),
-      content: Object.assign(
-        content(answer, "output"),
-        ...(answer.also ?? []).map((body) => content(body, "output")),
-      ),
+      ...(answer.empty ? {} : {
+        content: Object.assign(
+          content(answer, "output"),
+          ...(answer.also ?? []).map((body) => content(body, "output")),
+        ),
+      }),
     };
   }
   for (const status of route.problems) {

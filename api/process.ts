@@ -16,6 +16,7 @@ import { Admission } from "../admission/admit.ts";
 import { Waker } from "../core/waker.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
 import { QuotaGate } from "../admission/quota.ts";
+import { ScheduleTicker } from "../admission/schedule_ticker.ts";
 import { RunWatch, tenantShare } from "./run_watch.ts";
 import { type CommandSpec, parseCommandLine } from "../core/command_line.ts";
 import { ApiEnv, readApiConfig } from "./config.ts";
@@ -74,6 +75,13 @@ export async function main(args: string[]): Promise<number> {
     onCall: (entry) => metrics.admissionCalls.inc({ entry }),
     onFlush: (size) => metrics.admissionBatch.observe(size),
   });
+  // Schedules tick in every API process, which has the admission kernel and
+  // the catalog already: no process to add, no leader; the occurrence's
+  // dispatch key makes each one start once however many APIs tick.
+  const ticker = new ScheduleTicker(sql, admission, {
+    intervalMs: config.SCHEDULE_TICK_MS,
+    log,
+  });
   // Per-tenant quotas: a 429 before admission for a tenant over one.
   const quota = new QuotaGate(sql, {
     refreshMs: config.QUOTA_REFRESH_MS,
@@ -131,6 +139,7 @@ export async function main(args: string[]): Promise<number> {
     }),
     named("workflow catalog", catalog),
     named("tenant quotas", quota),
+    named("schedule ticker", ticker),
     {
       name: "http server",
       start() {

@@ -16,6 +16,7 @@ import {
   type RunRequest,
   SourceHeader,
 } from "../contracts/runs.ts";
+import { SCHEDULE_KEY_PREFIX } from "../admission/schedule_ticker.ts";
 import type { ApiEnv } from "./app.ts";
 import type { Principal } from "./auth.ts";
 import { parseWith } from "./request.ts";
@@ -51,8 +52,11 @@ export function admitCaller(c: Context<ApiEnv>): AdmitCaller {
  * Refuses a dispatch key in a reserved namespace: the relay's (`kafka:`, see
  * `RELAY_KEY_PREFIX`) unless a service token sends it as the key of its own
  * `Poimen-Source`, as the relay does for a keyless message; child runs'
- * (`child:`, `CHILD_KEY_PREFIX`) always, from any caller: only a worker
- * derives those. 422 naming the field the key came from.
+ * (`child:`, `CHILD_KEY_PREFIX`) and schedules' occurrences (`schedule:`,
+ * `SCHEDULE_KEY_PREFIX`) always, from any caller: only a worker and the
+ * schedule ticker derive those, and a caller taking one's key would turn
+ * that admission into a silent replay. 422 naming the field the key came
+ * from.
  */
 export function refuseReservedKey(
   body: RunRequest,
@@ -61,12 +65,15 @@ export function refuseReservedKey(
 ): void {
   const key = body.dispatch_key;
   const path = fromHeader ? `header.${HEADERS.idempotencyKey}` : "dispatch_key";
-  if (key?.startsWith(CHILD_KEY_PREFIX)) {
+  for (
+    const [prefix, whose] of [
+      [CHILD_KEY_PREFIX, "the keys of child runs"],
+      [SCHEDULE_KEY_PREFIX, "the occurrences of schedules"],
+    ]
+  ) {
+    if (!key?.startsWith(prefix)) continue;
     throw new PoimenError("validation", "the request does not match the schema", {
-      errors: [{
-        path,
-        message: `the prefix ${CHILD_KEY_PREFIX} is reserved for the keys of child runs`,
-      }],
+      errors: [{ path, message: `the prefix ${prefix} is reserved for ${whose}` }],
     });
   }
   if (key == null || !key.startsWith(RELAY_KEY_PREFIX)) return;

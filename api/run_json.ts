@@ -3,6 +3,7 @@
  * lists, event timelines, the console): from the rows db/runs.ts reads to
  * the shapes of contracts/runs.ts.
  */
+import { parseOccurrenceKey } from "../admission/schedule_ticker.ts";
 import type { RunEventRow, RunListRow, RunRow, WaitingReason } from "../db/runs.ts";
 import type { StepSummary } from "../db/run_steps.ts";
 import type { Run, RunEvent, RunStep, WaitingFor } from "../contracts/runs.ts";
@@ -77,6 +78,8 @@ export function toRun(
   },
   steps?: StepSummary[],
 ): Run {
+  // A schedule's occurrence says which, from its dispatch key (admission/schedule_ticker.ts).
+  const occurrence = parseOccurrenceKey(row.dispatch_key);
   return {
     run_id: row.run_id,
     tenant_id: row.tenant_id,
@@ -102,6 +105,7 @@ export function toRun(
     concurrency_key: row.concurrency_key,
     parent_run_id: row.parent_run_id ?? null,
     root_run_id: row.root_run_id ?? null,
+    ...(occurrence ?? {}),
     ...("waiting_reason" in row && row.waiting_reason !== undefined
       ? { waiting_for: waitingFor(row, row.waiting_reason) }
       : {}),

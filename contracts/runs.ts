@@ -108,7 +108,8 @@ export const RunRequest = z.strictObject({
   ),
   dispatch_key: label().nullable().optional().describe(
     "Caller-chosen identity of the intended run: the same (tenant, dispatch_key) makes one run. " +
-      "1–255 printable characters; the prefixes `kafka:` (the inbox relay's) and `child:` (child runs') are reserved",
+      "1–255 printable characters; the prefixes `kafka:` (the inbox relay's), `child:` (child runs')" +
+      " and `schedule:` (schedules' occurrences) are reserved",
   ),
   // Piped: the bounds are checked only on a well-formed time.
   run_after: z.iso.datetime({ offset: true }).pipe(
@@ -253,6 +254,12 @@ export const Run = z.object({
   ),
   root_run_id: z.uuid().nullable().describe(
     "The root of its tree of runs; null for a run a caller admitted (a root itself)",
+  ),
+  schedule_id: z.string().optional().describe(
+    "Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule",
+  ),
+  scheduled_for: z.string().optional().describe(
+    "Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339)",
   ),
   waiting_for: WaitingFor.nullable().optional().describe(
     "Only on GET /v1/runs/{run_id}: null unless the run is queued or waiting; what it waits for",

@@ -147,6 +147,10 @@ export interface Run {
   parent_run_id: string | null;
   /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
   root_run_id: string | null;
+  /** Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule. */
+  schedule_id?: string;
+  /** Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339). */
+  scheduled_for?: string;
   /**
    * Only on `GET /v1/runs/{run_id}`: null unless queued or waiting; what the
    * run waits for.

@@ -58,6 +58,8 @@ export const ERRORS = {
   "body-timeout": { status: 408, title: "Request body too slow", retryable: true },
   /** Cancelling a run that already succeeded or failed: it is left as it is. */
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
+  /** Creating a schedule whose id the tenant already has (`/v1/schedules`): PATCH it instead. */
+  "schedule-exists": { status: 409, title: "Schedule already exists", retryable: false },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
   busy: { status: 503, title: "Server busy", retryable: true },

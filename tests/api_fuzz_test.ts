@@ -703,11 +703,33 @@ CASES.push([
       return ids;
     };
     const ids = await admitSome();
+    // Schedules of both tenants, made afresh for each operation (a delete
+    // removes some), so that path parameters name schedules that exist.
+    let made = 0;
+    const scheduleSome = async () => {
+      const ids: string[] = [];
+      for (const t of ["acme", "globex"] as const) {
+        const id = `fz-${made++}`;
+        const r = await app.request("/v1/schedules", {
+          method: "POST",
+          body: JSON.stringify({ id, workflow_ref: "echo", cron: "*/20 * * * *" }),
+          headers: { authorization: `Bearer ${tokens[t]}`, "content-type": "application/json" },
+        });
+        assert.equal(r.status, 201, await r.text());
+        ids.push(id);
+      }
+      return ids;
+    };
     const failures: string[] = [];
     const accepted = new Set<string>();
     for (const op of ops) {
       // A signal needs a run not final: the cancel's runs may all be cancelled by now.
       const runIds = op.path.endsWith("/signals") ? await admitSome() : ids;
+      const scheduleIds = op.path.startsWith("/v1/schedules") ? await scheduleSome() : ["none"];
+      // Creating one needs a new id; everything else names one that exists.
+      const scheduleId = op.method === "post" && op.path === "/v1/schedules"
+        ? fc.stringMatching(/^[a-z][a-z0-9]{0,12}$/)
+        : fc.constantFrom(...scheduleIds, "no-such", "a:b");
       const generated = requests(op, {
         doc,
         hints: {
@@ -717,6 +739,11 @@ CASES.push([
           // A signal's name (the pattern is beyond the generator's regexes).
           name: fc.constantFrom("approval", "go", "a b"),
           fields: fc.constantFrom(["input"], ["input", "result"]),
+          id: scheduleId,
+          cron: fc.constantFrom("*/20 * * * *", "0 9 * * 1-5", "30 2 * * *", "61 * * * *", "* *"),
+          timezone: fc.constantFrom("UTC", "Europe/Paris", "America/New_York", "Mars/Olympus"),
+          from: fc.constantFrom("2030-01-01T00:00:00Z", "2030-01-01T00:30:00+01:00"),
+          to: fc.constantFrom("2030-01-01T02:00:00Z", "2029-12-31T00:00:00Z"),
           Prefer: fc.constantFrom("wait=0", "wait=-1", "wait=99999999999999999999"),
           "Poimen-Tenant": fc.constantFrom("globex", "acme", "nobody"),
         },

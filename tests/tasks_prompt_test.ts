@@ -85,6 +85,37 @@ Deno.test("tasks: workflow list and promote finish in a terminal without a permi
   }
 });
 
+Deno.test("tasks: schedule create, list, pause, resume, backfill and delete finish in a terminal without a permission prompt", async () => {
+  const db = await freshDatabase();
+  const env = { DATABASE_URL: db.url };
+  try {
+    await db.sql`insert into tenants (tenant_id) values ('pty-sched')`;
+    const created = await finish("schedule", [
+      "pty-sched",
+      "create",
+      "nightly",
+      "--workflow",
+      "echo",
+      "--cron",
+      "30 2 * * *",
+      "--timezone",
+      "Europe/Paris",
+    ], env);
+    assert.match(created, /nightly echo "30 2 \* \* \*" Europe\/Paris .*\(created\)/);
+    assert.match(await finish("schedule", ["pty-sched", "list"], env), /nightly echo/);
+    assert.match(await finish("schedule", ["pty-sched", "pause", "nightly"], env), /paused/);
+    assert.match(await finish("schedule", ["pty-sched", "resume", "nightly"], env), /next 20/);
+    const range = ["--from", "2026-03-28T00:00:00Z", "--to", "2026-03-30T12:00:00Z"];
+    const first = await finish("schedule", ["pty-sched", "backfill", "nightly", ...range], env);
+    assert.match(first, /2026-03-29T01:00:00.000Z \S+ created/);
+    const again = await finish("schedule", ["pty-sched", "backfill", "nightly", ...range], env);
+    assert.match(again, /2026-03-29T01:00:00.000Z \S+ existed/);
+    assert.match(await finish("schedule", ["pty-sched", "delete", "nightly"], env), /deleted/);
+  } finally {
+    await db.drop();
+  }
+});
+
 Deno.test("tasks: api, worker, outbox and relay become ready in a terminal without a permission prompt", async () => {
   const db = await freshDatabase();
   const tenant = `pty-${crypto.randomUUID().slice(0, 8)}`;

@@ -5,6 +5,7 @@
  * captured through the pool's debug hook, explained as prepared, on bulk
  * rows in the shape production has.
  */
+import { runUnfinished } from "../../db/schedules.ts";
 import { BUILTIN_HOSTED } from "./catalog.ts";
 import postgres from "postgres";
 import type { Sql } from "../../db/pool.ts";
@@ -460,6 +461,12 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "durable: wakeDueRuns",
       call: (sql) => wakeDueRuns(sql, 100),
       indexes: { runs: ["runs_waiting_tenant_idx"] },
+    },
+    {
+      // The tick's `skip` overlap check: the schedule's last run, by primary key.
+      name: "schedules: runUnfinished",
+      call: (sql) => runUnfinished(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
     },
     {
       name: "outbox: purgePublished",

@@ -1,0 +1,196 @@
+/**
+ * The schedules' statements (migration 027). Every one names its tenant but
+ * `selectDueSchedules`, the tickers' range of schedules_due_idx across
+ * tenants (a row per schedule, never per run).
+ */
+import type { JSONValue, Sql } from "./pool.ts";
+
+/** A schedule as stored. */
+export interface ScheduleRow {
+  tenant_id: string;
+  schedule_id: string;
+  workflow_ref: string;
+  cron: string;
+  timezone: string;
+  input: unknown;
+  overlap: "skip" | "allow";
+  catchup: "skip" | "latest" | "all";
+  paused: boolean;
+  /** The earliest occurrence not yet ticked; null while paused. */
+  next_at: Date | null;
+  last_run_id: string | null;
+  /** A ticker's claim while it ticks the schedule. */
+  ticking_until: Date | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+/** What a caller sets of a schedule (a null input is stored as JSON null, not SQL NULL). */
+export type ScheduleFields = Pick<
+  ScheduleRow,
+  "workflow_ref" | "cron" | "timezone" | "input" | "overlap" | "catchup" | "paused" | "next_at"
+>;
+
+/** The database's clock: the time every tick is measured by. */
+export async function databaseNow(sql: Sql): Promise<Date> {
+  const [row] = await sql<{ now: Date }[]>`select now() as now`;
+  return row.now;
+}
+
+/** Creates a schedule; undefined when the tenant has one with this id already. */
+export async function insertSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
+                           catchup, paused, next_at)
+    values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
+            coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), ${f.overlap}, ${f.catchup}, ${f.paused},
+            ${f.next_at})
+    on conflict (tenant_id, schedule_id) do nothing
+    returning *`;
+  return row;
+}
+
+/**
+ * Creates or replaces a schedule a workflow version declares; a
+ * replacement keeps its cursor when its cron and zone are unchanged.
+ */
+export async function upsertSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow> {
+  const [row] = await sql<ScheduleRow[]>`
+    insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
+                           catchup, paused, next_at)
+    values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
+            coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), ${f.overlap}, ${f.catchup}, ${f.paused},
+            ${f.next_at})
+    on conflict (tenant_id, schedule_id) do update
+       set workflow_ref = excluded.workflow_ref, input = excluded.input,
+           cron = excluded.cron, timezone = excluded.timezone,
+           next_at = case when schedules.paused then null
+                          when schedules.cron = excluded.cron
+                           and schedules.timezone = excluded.timezone
+                          then schedules.next_at else excluded.next_at end,
+           updated_at = now()
+    returning *`;
+  return row;
+}
+
+/** One schedule of the tenant's. */
+export async function selectSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    select * from schedules where tenant_id = ${tenantId} and schedule_id = ${scheduleId}`;
+  return row;
+}
+
+/** The tenant's schedules in id order, `limit` of them after `after`. */
+export async function selectSchedules(
+  sql: Sql,
+  tenantId: string,
+  opts: { after?: string; limit: number },
+): Promise<ScheduleRow[]> {
+  return await sql<ScheduleRow[]>`
+    select * from schedules
+     where tenant_id = ${tenantId} and schedule_id > ${opts.after ?? ""}
+     order by schedule_id limit ${opts.limit}`;
+}
+
+/** Replaces a schedule's fields; undefined when there is no such schedule. */
+export async function updateSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  f: ScheduleFields,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    update schedules
+       set workflow_ref = ${f.workflow_ref}, cron = ${f.cron}, timezone = ${f.timezone},
+           input = coalesce(${
+    sql.json(f.input as JSONValue)
+  }::jsonb, 'null'), overlap = ${f.overlap},
+           catchup = ${f.catchup}, paused = ${f.paused}, next_at = ${f.next_at},
+           updated_at = now()
+     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning *`;
+  return row;
+}
+
+/** Deletes a schedule; false when there was none. Its runs stay. */
+export async function deleteSchedule(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+): Promise<boolean> {
+  const rows = await sql`
+    delete from schedules where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning 1`;
+  return rows.length > 0;
+}
+
+/**
+ * Claims up to `limit` schedules due at `now`, earliest first, for
+ * `leaseMs` of the database's clock: a schedule another ticker holds (its
+ * lease not expired, or its row locked this instant) is skipped, so tickers
+ * never wait on each other and none holds a transaction while it admits.
+ */
+export async function claimDueSchedules(
+  sql: Sql,
+  now: Date,
+  limit: number,
+  leaseMs: number,
+): Promise<ScheduleRow[]> {
+  return await sql<ScheduleRow[]>`
+    update schedules s
+       set ticking_until = clock_timestamp() + ${leaseMs} * interval '1 millisecond'
+      from (select tenant_id, schedule_id from schedules
+             where next_at is not null and next_at <= ${now}
+               and (ticking_until is null or ticking_until < clock_timestamp())
+             order by next_at limit ${limit}
+               for update skip locked) d
+     where s.tenant_id = d.tenant_id and s.schedule_id = d.schedule_id
+    returning s.*`;
+}
+
+/**
+ * Moves a ticked schedule's cursor to `nextAt`, and its last run when one
+ * was admitted, and ends the claim. Not when the schedule changed meanwhile
+ * (paused, its cron edited: `updated_at` moved), which set its own cursor.
+ */
+export async function advanceSchedule(
+  sql: Sql,
+  s: Pick<ScheduleRow, "tenant_id" | "schedule_id" | "updated_at">,
+  nextAt: Date | null,
+  lastRunId: string | null,
+): Promise<void> {
+  await sql`
+    update schedules
+       -- Compared in milliseconds: the row came back as a JS Date.
+       set next_at = case when date_trunc('milliseconds', updated_at) = ${s.updated_at}
+                          then ${nextAt} else next_at end,
+           last_run_id = coalesce(${lastRunId}::uuid, last_run_id), ticking_until = null
+     where tenant_id = ${s.tenant_id} and schedule_id = ${s.schedule_id}`;
+}
+
+/** Whether the tenant's run `runId` exists and has not finished. */
+export async function runUnfinished(sql: Sql, tenantId: string, runId: string): Promise<boolean> {
+  const rows = await sql`
+    select 1 from runs
+     where tenant_id = ${tenantId} and run_id = ${runId}
+       and status in ('queued', 'running', 'waiting')`;
+  return rows.length > 0;
+}
