@@ -8,7 +8,10 @@ import type { Sql } from "./pool.ts";
 import { selectUnhostedQueues, type UnhostedQueue } from "./catalog.ts";
 import { COUNT_CAP } from "./queue_overview.ts";
 import { type LimitedWorkflowStats, selectLimitedWorkflowStats } from "./concurrency_overview.ts";
-import { CATALOG_VERSIONS, QUEUED_TENANTS } from "./queue_sql.ts";
+import { CATALOG_VERSIONS, QUEUED_TENANTS, tenantScan } from "./queue_sql.ts";
+
+// The tenants with waiting runs: a loose scan of runs_waiting_tenant_idx.
+const WAITING_TENANT_SCAN = tenantScan("waiting_tenants", "runs", "status = 'waiting'");
 
 /**
  * Most queued (and most running) runs a scrape counts: beyond it the gauge
@@ -57,7 +60,23 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
   const [r] = await sql<
     { queued: number; running: number; sleep: number; signal: number; oldest: number | null }[]
   >`
-    with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)}
+    with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)},
+    ${sql.unsafe(WAITING_TENANT_SCAN)},
+    -- Waiting runs, up to the cap in all, per tenant of the loose scan as the
+    -- queued ones are (so no sequential scan can serve it, whatever the
+    -- statistics); runs_waiting_tenant_idx holds the reason (migration 022),
+    -- so the count by reason reads the index alone.
+    waiting as (
+      select count(*) filter (where w.wait_reason = 'sleep')::int as sleep,
+             count(*) filter (where w.wait_reason = 'signal')::int as signal
+        from (select r.wait_reason from waiting_tenants t
+               cross join lateral (select r.wait_reason from runs r
+                                    where r.tenant_id collate "C" = t.tenant_id
+                                      and r.status = 'waiting'
+                                    limit ${cap}) r
+               where t.tenant_id is not null
+               limit ${cap}) w
+    )
     -- Counted per tenant of the loose scan, up to the cap in all (the scan
     -- stops there): each count is a range of the queued index, naming its
     -- tenant in collation "C" so no other index or a sequential scan can
@@ -74,16 +93,8 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
               select 1 from runs
                where status = 'running' and lease_expires_at is not null
                limit ${cap}) c)::int as running,
-           -- Waiting runs by reason: runs_waiting_tenant_idx holds the
-           -- reason (migration 022), so neither count visits the heap.
-           (select count(*) from (
-              select 1 from runs
-               where status = 'waiting' and wait_reason = 'sleep'
-               limit ${cap}) c)::int as sleep,
-           (select count(*) from (
-              select 1 from runs
-               where status = 'waiting' and wait_reason = 'signal'
-               limit ${cap}) c)::int as signal,
+           (select sleep from waiting) as sleep,
+           (select signal from waiting) as signal,
            (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
   const waiting = Math.min(cap, r.sleep + r.signal);
   return {
