@@ -65,11 +65,13 @@ const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
     via: ["runs via runs_queued_workflow_idx"],
   },
   "queue: queueCounts": {
-    why: "metrics: the tenants with queued runs, and the fleet's running runs (up to a cap)",
+    why: "metrics: the tenants with queued and with waiting runs (loose scans), and the " +
+      "fleet's running runs (up to a cap)",
     via: [
       "runs via Bitmap Heap Scan",
       "runs via runs_queued_workflow_idx",
       "runs via runs_running_tenant_idx",
+      "runs via runs_waiting_tenant_idx",
     ],
   },
   "queue: selectUnhostedQueues": {
@@ -82,6 +84,7 @@ const NOT_TENANT_SCOPED: Record<string, { why: string; via: string[] }> = {
       "runs via Bitmap Heap Scan",
       "runs via runs_queued_workflow_idx",
       "runs via runs_running_tenant_idx",
+      "runs via runs_waiting_tenant_idx",
     ],
   },
   "outbox: claimPendingEvents": {
