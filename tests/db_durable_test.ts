@@ -305,7 +305,9 @@ Deno.test("durable db: a suspended sleep frees the lease, the attempt and the co
     // One running per key: the other waits for the slot.
     assert.equal((await claimAll(db.sql, true)).length, 0);
     const f = fenceOf(run);
-    const sleep = await settleSleep(db.sql, f, { name: "nap", seq: 1, ms: 300 });
+    // Long enough that a loaded machine still suspends before the deadline
+    // (past it, the suspend rightly answers "ready").
+    const sleep = await settleSleep(db.sql, f, { name: "nap", seq: 1, ms: 2_000 });
     const outcome = await suspendRun(db.sql, f, {
       reason: "sleep",
       name: "nap",
@@ -336,7 +338,7 @@ Deno.test("durable db: a suspended sleep frees the lease, the attempt and the co
         const w = await wakeDueRuns(db.sql, 10);
         return w.length > 0 ? w : undefined;
       },
-      10_000,
+      20_000,
       50,
     );
     assert.deepEqual([...woken], [{
