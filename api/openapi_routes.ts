@@ -171,7 +171,8 @@ export const ROUTES: Route[] = [
       "exactly as the same request sent alone, and one bad item never fails the others. Items " +
       "with the same dispatch_key are admitted in their order (the first is created). A batch " +
       "with `Idempotency-Key` is a 422 (each item carries its own `dispatch_key`), and so is " +
-      "one with a service token's `Poimen-Source` (a source names one request); `Prefer` is " +
+      "one with a service token's `Poimen-Source` (a source names one request: its " +
+      "`Poimen-Sources` names each item's); `Prefer` is " +
       "ignored. An empty or longer batch is a 422 for the whole request.",
     auth: true,
     headers: {
@@ -180,6 +181,12 @@ export const ROUTES: Route[] = [
         description: "With a service token: where the request came from " +
           "(the relay's is `kafka:<topic>/<partition>/<offset>`); ignored for a tenant token",
         schema: SourceHeader,
+      },
+      [HEADERS.sources]: {
+        description: "On a batch, with a service token: each item's source, in order, " +
+          "comma-separated, each `<source>` or `<source> <traceparent>` (the relay's batches); " +
+          "a header that does not name every item is a 422; ignored for a tenant token",
+        schema: z.string(),
       },
       [HEADERS.idempotencyKey]: {
         description: "The dispatch key as a header (IETF draft `Idempotency-Key`): bare " +

@@ -11,10 +11,13 @@
 import type { Context } from "hono";
 import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
+import { activeTraceparent, inSpan, remoteContext, validTraceparent } from "../core/tracing.ts";
 import type { Admission, AdmitResult } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
 import { HEADERS, RunRequest } from "../contracts/runs.ts";
 import {
+  type ItemSource,
+  parseItemSources,
   RUN_BATCH_MAX_ITEMS,
   type RunBatchAnswer,
   type RunBatchResult,
@@ -38,7 +41,8 @@ export interface BatchDeps {
  * Answers a batch whose body parsed to `items` (an array): 422 for the
  * whole request when it is empty, longer than `RUN_BATCH_MAX_ITEMS` or sent
  * with `Idempotency-Key` (a key for many runs would be ambiguous: each item
- * carries its own `dispatch_key`) or, from a service token, `Poimen-Source`;
+ * carries its own `dispatch_key`) or, from a service token, `Poimen-Source`
+ * (its `Poimen-Sources` names each item's source instead);
  * otherwise 207 with each item's result.
  * `Prefer: wait` is ignored: a batch answers as soon as it is admitted.
  */
@@ -56,15 +60,17 @@ export async function answerBatch(
       }],
     });
   }
-  // A source names one request (the relay's: one Kafka message, whose
-  // keyless run is keyed by it): a batch's items cannot share one. Refused,
-  // so a message whose value is an array is dead-lettered as before, not
-  // admitted as runs its redelivery would admit again.
-  if (c.req.header(HEADERS.source) !== undefined && c.get("principal").kind === "service") {
+  // A source names one request: a batch's items cannot share one. Refused,
+  // so a Kafka message whose value is an array is dead-lettered as before,
+  // not admitted as runs its redelivery would admit again. The relay's own
+  // batches say each item's source in Poimen-Sources.
+  const service = c.get("principal").kind === "service";
+  if (c.req.header(HEADERS.source) !== undefined && service) {
     throw new PoimenError("validation", "the request does not match the schema", {
       errors: [{
         path: `header.${HEADERS.source}`,
-        message: "not with a batch: a source names one request",
+        message:
+          `not with a batch: a source names one request (${HEADERS.sources} names each item's)`,
       }],
     });
   }
@@ -77,9 +83,10 @@ export async function answerBatch(
     });
   }
   const caller = admitCaller(c);
+  const sources = service ? itemSources(c.req.header(HEADERS.sources), items.length) : undefined;
   const where = { method: c.req.method, path: c.req.path };
   const log = oncePerKind(deps.log);
-  const results = await Promise.all(admitAll(deps, caller, items));
+  const results = await Promise.all(admitAll(deps, caller, items, sources));
   // The parsed items are no longer held: the body's budget share goes back.
   c.get("releaseBody")?.();
   const seconds = (performance.now() - started) / 1000;
@@ -111,22 +118,63 @@ function admitAll(
   deps: BatchDeps,
   caller: AdmitCaller,
   items: unknown[],
+  sources: ItemSource[] | undefined,
 ): Promise<AdmitResult | { error: unknown }>[] {
   // The admission of the last item seen with each dispatch key.
   const last = new Map<string, Promise<unknown>>();
-  return items.map((item) => {
+  return items.map((item, i) => {
+    const source = sources?.[i];
+    const itemCaller = source ? { ...caller, source: source.source } : caller;
     let body: RunRequest;
     try {
       body = parseWith(RunRequest, item);
-      refuseReservedKey(body, false, caller);
+      refuseReservedKey(body, false, itemCaller);
     } catch (error) {
       return Promise.resolve({ error });
     }
     const key = body.dispatch_key;
     const before = key == null ? undefined : last.get(key);
-    const admitted = admitChecked(deps, caller, body, before).catch((error) => ({ error }));
+    const admitted = admitItem(deps, itemCaller, body, source?.traceparent, before)
+      .catch((error) => ({ error }));
     if (key != null) last.set(key, admitted);
     return admitted;
+  });
+}
+
+/**
+ * One item's admission; an item with its own trace (a relayed message's) is
+ * admitted in a span of that trace, and its run stored with it, as a single
+ * request with that `traceparent` would be.
+ */
+function admitItem(
+  deps: BatchDeps,
+  caller: AdmitCaller,
+  body: RunRequest,
+  traceparent: string | undefined,
+  before: Promise<unknown> | undefined,
+): Promise<AdmitResult> {
+  const parent = validTraceparent(traceparent);
+  if (!parent) return admitChecked(deps, caller, body, before);
+  return inSpan(
+    "poimen admit item",
+    remoteContext(parent),
+    { "poimen.source": caller.source },
+    () =>
+      admitChecked(deps, { ...caller, traceparent: activeTraceparent() ?? parent }, body, before),
+  );
+}
+
+/**
+ * Each item's source from a service token's `Poimen-Sources`, or undefined
+ * without one (every item then is the token's own, `http:<name>`); a header
+ * that does not name every item is the whole request's 422.
+ */
+function itemSources(header: string | undefined, count: number): ItemSource[] | undefined {
+  if (header === undefined) return undefined;
+  const parsed = parseItemSources(header, count);
+  if (typeof parsed !== "string") return parsed;
+  throw new PoimenError("validation", "the request does not match the schema", {
+    errors: [{ path: `header.${HEADERS.sources}`, message: parsed }],
   });
 }
 

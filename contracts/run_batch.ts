@@ -49,3 +49,46 @@ const sameShapes: [
   Same<RunBatchAnswer, Wire.RunBatchAnswer>,
 ] = [true, true];
 void sameShapes;
+
+/** Where one batch item came from, as a service token (the relay) says it in `Poimen-Sources`. */
+export interface ItemSource {
+  /** As a single request's `Poimen-Source`, without spaces or commas: `kafka:<topic>/<partition>/<offset>`. */
+  source: string;
+  /** The item's own W3C traceparent, when it has one. */
+  traceparent?: string;
+}
+
+// An entry's source: printable ASCII without the list's separators.
+const ENTRY_SOURCE = /^[\x21-\x2b\x2d-\x7e]{1,300}$/;
+
+/**
+ * The `Poimen-Sources` header of a batch: `<source>[ <traceparent>]` per
+ * item, in the items' order, separated by commas. One header for the whole
+ * batch (the relay's: each item is a Kafka message with its own place and
+ * trace), kept apart from `Poimen-Source`, which names one request: a
+ * message whose value is itself an array stays one request, refused.
+ */
+export function formatItemSources(items: readonly ItemSource[]): string {
+  return items.map((i) => i.traceparent ? `${i.source} ${i.traceparent}` : i.source).join(",");
+}
+
+/**
+ * The entries of a `Poimen-Sources` header, or why it is not one for `count`
+ * items: the count differs, or an entry is malformed. A traceparent is
+ * passed on as given; the API keeps only a valid one.
+ */
+export function parseItemSources(header: string, count: number): ItemSource[] | string {
+  const entries = header.split(",");
+  if (entries.length !== count) {
+    return `${entries.length} entries for ${count} items: one entry per item, in order`;
+  }
+  const parsed: ItemSource[] = [];
+  for (const [i, entry] of entries.entries()) {
+    const [source, traceparent, extra] = entry.trim().split(" ");
+    if (extra !== undefined || !ENTRY_SOURCE.test(source)) {
+      return `entry ${i}: expected "<source>[ <traceparent>]", a source of 1–300 printable characters without spaces or commas`;
+    }
+    parsed.push(traceparent ? { source, traceparent } : { source });
+  }
+  return parsed;
+}

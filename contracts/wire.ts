@@ -329,6 +329,11 @@ export const HEADERS = {
   /** A service token says where the request came from (the relay: `kafka:<topic>/<partition>/<offset>`). */
   source: "Poimen-Source",
   /**
+   * On a batch, a service token says where each item came from: one entry
+   * per item, in order (contracts/run_batch.ts `formatItemSources`).
+   */
+  sources: "Poimen-Sources",
+  /**
    * The dispatch key as a header (the IETF httpapi draft's, as Stripe uses
    * it): the same as `dispatch_key` in the body.
    */

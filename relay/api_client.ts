@@ -11,6 +11,7 @@ import { type ErrorCode, ERRORS } from "../core/errors.ts";
 import { backoffWithJitter } from "../core/time.ts";
 import { PoimenClient } from "../client/http.ts";
 import { type ApiAnswer, PoimenProblem, problemFromAnswer } from "../client/problems.ts";
+import { AdmitBatcher, type AdmitBatchOptions } from "./admit_batcher.ts";
 
 /** Longest problem detail kept (it ends up in a Kafka header). */
 const MAX_DETAIL = 500;
@@ -158,7 +159,12 @@ export function notJson(value: Uint8Array): string | undefined {
 
 /** A message value made ready to post, or why it can never be. */
 export type PreparedBody =
-  | { body: Uint8Array; derivedKey?: string }
+  | {
+    body: Uint8Array;
+    derivedKey?: string;
+    /** Not a JSON object: posted alone, never in a batch, for the API to judge as it is. */
+    alone?: true;
+  }
   | { error: string };
 
 /** The dispatch key of a keyless message: where it sits in Kafka, which redelivery never changes. */
@@ -190,7 +196,7 @@ export function prepareBody(value: Uint8Array, derivedKey: string): PreparedBody
     return { error: `the value is not JSON: ${(err as Error).message}` };
   }
   if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
-    return { body: value };
+    return { body: value, alone: true };
   }
   const obj = parsed as Record<string, unknown>;
   if (Object.hasOwn(obj, "dispatch_key") && obj.dispatch_key !== null) return { body: value };
@@ -244,6 +250,8 @@ export interface AdmitRequest {
   /** Passed on only when well-formed (see `traceHeaders`). */
   traceparent?: string;
   tracestate?: string;
+  /** Never batched (see `PreparedBody`). */
+  alone?: boolean;
 }
 
 /** One signal message to send: its run, and the signal body (name, payload, signal_id). */
@@ -269,6 +277,8 @@ export interface ApiClientOptions {
   apiUrl: string;
   token: string;
   timeoutMs: number;
+  /** Dispatch messages of a tenant sent together as a batch (relay/admit_batcher.ts); alone without. */
+  batch?: AdmitBatchOptions;
 }
 
 /**
@@ -278,11 +288,19 @@ export interface ApiClientOptions {
 export class ApiClient {
   readonly #client: PoimenClient;
   readonly #timeoutMs: number;
+  readonly #batches: AdmitBatcher | undefined;
 
   constructor(opts: ApiClientOptions) {
     // The tenant differs per message: sent per call, not fixed on the client.
     this.#client = new PoimenClient({ url: opts.apiUrl, token: opts.token });
     this.#timeoutMs = opts.timeoutMs;
+    this.#batches = opts.batch && opts.batch.maxItems > 1
+      ? new AdmitBatcher(opts.batch, {
+        single: (item) =>
+          this.#post("/v1/runs", item.req, item.trace, PERMANENT_PROBLEMS, item.signal),
+        send: (path, headers, body, signal) => this.#send(path, headers, body, signal),
+      })
+      : undefined;
   }
 
   /**
@@ -294,7 +312,13 @@ export class ApiClient {
       "poimen relay admit",
       remoteContext(req.traceparent, req.tracestate),
       { "poimen.tenant": req.tenant, "poimen.source": req.source },
-      () => this.#post("/v1/runs", req, PERMANENT_PROBLEMS, signal),
+      () => {
+        // Read here, in the message's span: a batch is sent from another context.
+        const trace = messageTrace(req);
+        return this.#batches && !req.alone
+          ? this.#batches.admit({ req, trace, signal })
+          : this.#post("/v1/runs", req, trace, PERMANENT_PROBLEMS, signal);
+      },
     );
   }
 
@@ -305,13 +329,14 @@ export class ApiClient {
       "poimen relay signal",
       remoteContext(req.traceparent, req.tracestate),
       { "poimen.tenant": req.tenant, "poimen.source": req.source, "poimen.run_id": req.runId },
-      () => this.#post(path, req, SIGNAL_PERMANENT_PROBLEMS, signal),
+      () => this.#post(path, req, messageTrace(req), SIGNAL_PERMANENT_PROBLEMS, signal),
     );
   }
 
   async #post(
     path: string,
     req: AdmitRequest,
+    trace: TraceHeaders,
     permanent: ReadonlySet<string>,
     signal?: AbortSignal,
   ): Promise<Outcome> {
@@ -319,13 +344,19 @@ export class ApiClient {
       "content-type": "application/json",
       [HEADERS.tenant]: req.tenant,
       [HEADERS.source]: req.source,
+      ...trace,
     };
-    // The relay's span when tracing is on, else the message's own trace.
-    const traced = activeTraceparent();
-    Object.assign(
-      headers,
-      traced ? { traceparent: traced } : traceHeaders(req.traceparent, req.tracestate),
-    );
+    const answer = await this.#send(path, headers, req.body, signal);
+    return "kind" in answer ? answer : outcomeOf(answer, permanent);
+  }
+
+  /** One request; a failure to get any answer is a transient `Outcome`. */
+  async #send(
+    path: string,
+    headers: Record<string, string>,
+    body: Uint8Array,
+    signal?: AbortSignal,
+  ): Promise<ApiAnswer | Outcome> {
     // One controller per attempt, its timer cleared with the answer: an
     // AbortSignal.timeout() would outlive the call by the whole timeout
     // (holding the request and its response until then: at a few thousand
@@ -340,13 +371,8 @@ export class ApiClient {
     const onAbort = () => abort.abort();
     if (signal?.aborted) abort.abort();
     else signal?.addEventListener("abort", onAbort, { once: true });
-    let answer: ApiAnswer;
     try {
-      answer = await this.#client.send("POST", path, {
-        headers,
-        body: req.body,
-        signal: abort.signal,
-      });
+      return await this.#client.send("POST", path, { headers, body, signal: abort.signal });
     } catch (err) {
       timedOut &&= !signal?.aborted;
       return {
@@ -360,27 +386,40 @@ export class ApiClient {
       clearTimeout(timer);
       signal?.removeEventListener("abort", onAbort);
     }
-    if (answer.status >= 200 && answer.status < 300) {
-      return { kind: answer.status === 200 ? "replayed" : "created", status: answer.status };
-    }
-    const problem = problemFromAnswer(answer);
-    const poimen = problem.code === PoimenProblem.UNEXPECTED ? undefined : problem;
-    const verdict = classify(answer.status, poimen, permanent);
-    if (verdict.kind === "permanent") {
-      return {
-        kind: "permanent",
-        reason: verdict.reason,
-        status: answer.status,
-        detail: problemDetail(problem),
-      };
-    }
+  }
+}
+
+/** The trace headers a message's request carries. */
+export type TraceHeaders = { traceparent?: string; tracestate?: string };
+
+/** The relay's span when tracing is on, else the message's own trace. */
+function messageTrace(req: AdmitRequest): TraceHeaders {
+  const traced = activeTraceparent();
+  return traced ? { traceparent: traced } : traceHeaders(req.traceparent, req.tracestate);
+}
+
+/** What an answer to one message's request comes to (a batch item's too: relay/admit_batcher.ts). */
+export function outcomeOf(answer: ApiAnswer, permanent: ReadonlySet<string>): Outcome {
+  if (answer.status >= 200 && answer.status < 300) {
+    return { kind: answer.status === 200 ? "replayed" : "created", status: answer.status };
+  }
+  const problem = problemFromAnswer(answer);
+  const poimen = problem.code === PoimenProblem.UNEXPECTED ? undefined : problem;
+  const verdict = classify(answer.status, poimen, permanent);
+  if (verdict.kind === "permanent") {
     return {
-      kind: "transient",
-      reason: verdict.reason as TransientReason,
+      kind: "permanent",
+      reason: verdict.reason,
       status: answer.status,
-      problem: poimen?.code,
-      retryAfterMs: problem.retryAfterMs,
       detail: problemDetail(problem),
     };
   }
+  return {
+    kind: "transient",
+    reason: verdict.reason as TransientReason,
+    status: answer.status,
+    problem: poimen?.code,
+    retryAfterMs: problem.retryAfterMs,
+    detail: problemDetail(problem),
+  };
 }

@@ -58,6 +58,15 @@ export const relayEnvSchema = z.object({
   RELAY_COMMIT_BATCH: positiveInt(1000),
   RELAY_BACKOFF_BASE_MS: positiveInt(200),
   RELAY_BACKOFF_CAP_MS: positiveInt(30 * SECOND),
+  /**
+   * Dispatch messages of one tenant ready together go in one batch request of
+   * up to this many (`POST /v1/runs` with an array); 1 sends each alone.
+   */
+  RELAY_BATCH_MAX: z.coerce.number().int().min(1).max(1000).default(100),
+  /** Most bytes of message values in one batch: below the API's BODY_LIMIT_BYTES. */
+  RELAY_BATCH_MAX_BYTES: positiveInt(512 * 1024),
+  /** Batch requests in flight at once per tenant. */
+  RELAY_BATCH_CONCURRENCY: positiveInt(4),
   /** Longest one API call may take before it counts as a (transient) timeout. */
   RELAY_API_TIMEOUT_MS: positiveInt(30 * SECOND),
   /**

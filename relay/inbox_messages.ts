@@ -55,7 +55,7 @@ export function prepareMessage(m: ConsumedMessage, tenant: string): PreparedMess
   if (kind === "dispatch") {
     const prepared = prepareBody(m.value, at);
     if ("error" in prepared) return { kind, reason: "bad-json", detail: prepared.error };
-    const request = { tenant, body: prepared.body, source: at, ...trace };
+    const request = { tenant, body: prepared.body, source: at, alone: prepared.alone, ...trace };
     return {
       kind,
       call: (api, cancelled) => api.admit(request, cancelled),

@@ -109,6 +109,11 @@ function relayParts(config: RelayConfig, log: ReturnType<typeof createLogger>): 
           apiUrl: config.API_URL,
           token: config.RELAY_TOKEN,
           timeoutMs: config.RELAY_API_TIMEOUT_MS,
+          batch: {
+            maxItems: config.RELAY_BATCH_MAX,
+            maxBytes: config.RELAY_BATCH_MAX_BYTES,
+            maxConcurrent: config.RELAY_BATCH_CONCURRENCY,
+          },
         }),
         metrics,
         log,

@@ -219,6 +219,48 @@ Deno.test("batch admission: each item answered in order, as single admissions, w
       assert.deepEqual(await runsOf("capped"), await runsOf("capped_singly"));
     });
 
+    await t.step(
+      "a service token's Poimen-Sources gives each item its source and trace",
+      async () => {
+        const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        const at = (o: number) => `kafka:poimen.batched.dispatch/2/${o}`;
+        const list = [
+          // A keyless message as the relay sends it: keyed by its own place.
+          { workflow_ref: "echo", input: { n: 1 }, dispatch_key: at(10) },
+          { workflow_ref: "echo", input: { n: 2 }, dispatch_key: "own-key-src" },
+          // Another item's place is not this one's key.
+          { workflow_ref: "echo", input: { n: 3 }, dispatch_key: at(10) + "0" },
+        ];
+        const sources = `${at(10)} ${traceparent},${at(11)},${at(12)}`;
+        const r = await post(relay, list, {
+          "poimen-tenant": "batched",
+          "poimen-sources": sources,
+        });
+        assert.equal(r.status, 207);
+        const { results } = await r.json() as { results: RunBatchResult[] };
+        assert.deepEqual(results.map((x) => x.status), [201, 201, 422]);
+        assert.equal(results[2].problem?.type, PROBLEM_BASE + "validation");
+        const rows = await sql`select dispatch_key, source, traceparent from runs
+                              where tenant_id = 'batched' and source like 'kafka:%'
+                              order by source`;
+        assert.deepEqual(rows.map((x) => [x.dispatch_key, x.source]), [
+          [at(10), at(10)],
+          ["own-key-src", at(11)],
+        ]);
+        assert.equal(rows[0].traceparent, traceparent, "the item's own trace is its run's");
+        assert.equal(rows[1].traceparent, null);
+      },
+    );
+
+    await t.step("a tenant token's Poimen-Sources is not a source", async () => {
+      const r = await post(batched, [{ workflow_ref: "echo", dispatch_key: "tenant-src" }], {
+        "poimen-sources": "kafka:poimen.batched.dispatch/0/1",
+      });
+      assert.equal(r.status, 207);
+      const [row] = await sql`select source from runs where dispatch_key = 'tenant-src'`;
+      assert.equal(row.source, "http:batched");
+    });
+
     await t.step("batch-wide refusals write nothing", async () => {
       const [before] = await sql`select count(*)::int as n from runs`;
       const cases: [unknown, Record<string, string>, number, string, boolean?][] = [
@@ -227,6 +269,21 @@ Deno.test("batch admission: each item answered in order, as single admissions, w
         [[{ workflow_ref: "echo" }], { "idempotency-key": "abc" }, 422, "validation"],
         // As the relay sends a message whose value is an array: one source, many runs.
         [[{ workflow_ref: "echo" }], { "poimen-source": "kafka:t/0/1" }, 422, "validation", true],
+        // Poimen-Sources must name every item, each entry well-formed.
+        [
+          [{ workflow_ref: "echo" }, { workflow_ref: "echo" }],
+          { "poimen-sources": "kafka:t/0/1" },
+          422,
+          "validation",
+          true,
+        ],
+        [
+          [{ workflow_ref: "echo" }],
+          { "poimen-sources": "kafka:t/0/1 tp extra" },
+          422,
+          "validation",
+          true,
+        ],
         [
           JSON.stringify(Array(600).fill({ workflow_ref: "echo", input: "x".repeat(2000) })),
           {},
