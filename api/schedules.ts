@@ -59,6 +59,8 @@ export function toSchedule(row: ScheduleRow): Schedule {
     paused: row.paused,
     next_occurrences: next,
     last_run_id: row.last_run_id,
+    origin: row.declared_by === null ? "api" : "definition",
+    declared_by: row.declared_by === null ? null : `${row.declared_by}@${row.declared_version}`,
     created_at: row.created_at.toISOString(),
     updated_at: row.updated_at.toISOString(),
   };
@@ -66,6 +68,18 @@ export function toSchedule(row: ScheduleRow): Schedule {
 
 function notFound(id: string): PoimenError {
   return new PoimenError("not-found", `no schedule ${id}`);
+}
+
+/**
+ * The refusal of `what` on a declared schedule: the next registration would
+ * undo it, so the definition is where it changes.
+ */
+export function declaredRefusal(row: ScheduleRow, what: string): PoimenError {
+  return new PoimenError(
+    "schedule-declared",
+    `schedule ${row.schedule_id} is declared by workflow ${row.declared_by}@${row.declared_version}: ` +
+      `${what} it in the definition (a new version); here it can only be paused and resumed`,
+  );
 }
 
 /** Routes under /v1/schedules. */
@@ -127,6 +141,9 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     const patch = parseWith(SchedulePatch, await read(c));
     const row = SCHEDULE_ID_PATTERN.test(id) ? await selectSchedule(sql, tenantId, id) : undefined;
     if (!row) throw notFound(id);
+    if (row.declared_by !== null && Object.keys(patch).some((k) => k !== "paused")) {
+      throw declaredRefusal(row, "change");
+    }
     const f = {
       workflow_ref: patch.workflow_ref ?? row.workflow_ref,
       cron: patch.cron ?? row.cron,
@@ -155,8 +172,10 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
 
   app.delete("/:id", async (c) => {
     const id = c.req.param("id");
-    const gone = SCHEDULE_ID_PATTERN.test(id) &&
-      await deleteSchedule(sql, c.get("principal").tenantId, id);
+    const tenantId = c.get("principal").tenantId;
+    const row = SCHEDULE_ID_PATTERN.test(id) ? await selectSchedule(sql, tenantId, id) : undefined;
+    if (row?.declared_by) throw declaredRefusal(row, "remove");
+    const gone = row !== undefined && await deleteSchedule(sql, tenantId, id);
     if (!gone) throw notFound(id);
     return c.body(null, 204);
   });

@@ -75,7 +75,7 @@ export interface WorkflowDefinition<
   /** Each declared signal's payload as JSON Schema (the input side), as the catalog stores it. */
   readonly signalSchemas?: Readonly<Record<string, Readonly<Record<string, unknown>>>>;
   /** The schedules it declares, checked, each with its tenants; unset: none. */
-  readonly schedules?: readonly DeclaredSchedule[];
+  readonly schedules?: readonly DeclaredSchedule<In>[];
 }
 
 /**
@@ -105,13 +105,20 @@ export interface ScheduleDeclaration<In = unknown> {
 }
 
 /** A declared schedule as a definition keeps it: defaults applied, its tenants named. */
-export interface DeclaredSchedule {
+export interface DeclaredSchedule<In = unknown> {
+  /** The schedule's id within each of its tenants. */
   readonly id: string;
+  /** Its 5-field cron. */
   readonly cron: string;
+  /** Its IANA time zone (`UTC` when the declaration gave none). */
   readonly timezone: string;
-  readonly input: unknown;
+  /** As JSON carries it (null when the declaration gave none). */
+  readonly input: In;
+  /** Its overlap policy (`allow` when the declaration gave none). */
   readonly overlap: "skip" | "allow";
+  /** Its catch-up policy (`skip` when the declaration gave none). */
   readonly catchup: "skip" | "latest" | "all";
+  /** The tenants it exists for, sorted: the declaration's, or the definition's. */
   readonly tenants: readonly string[];
 }
 
