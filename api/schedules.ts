@@ -13,6 +13,7 @@ import {
   type ScheduleRow,
   selectSchedule,
   selectSchedules,
+  setSchedulePaused,
   updateSchedule,
 } from "../db/schedules.ts";
 import type { Admission } from "../admission/admit.ts";
@@ -162,10 +163,10 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     // The cursor stays unless when the schedule fires changed, or it was
     // paused or resumed: a resumed schedule starts from now, catching up nothing.
     const same = f.cron === row.cron && f.timezone === row.timezone && f.paused === row.paused;
-    const updated = await updateSchedule(sql, tenantId, id, {
-      ...f,
-      next_at: same ? row.next_at : await firstOccurrenceFrom(sql, f),
-    });
+    const next_at = same ? row.next_at : await firstOccurrenceFrom(sql, f);
+    const updated = row.declared_by === null
+      ? await updateSchedule(sql, tenantId, id, { ...f, next_at })
+      : await setSchedulePaused(sql, tenantId, id, f.paused, next_at);
     if (!updated) throw notFound(id);
     return c.json(toSchedule(updated));
   });

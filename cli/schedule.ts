@@ -15,7 +15,7 @@ import {
   type ScheduleRow,
   selectSchedule,
   selectSchedules,
-  updateSchedule,
+  setSchedulePaused,
 } from "../db/schedules.ts";
 import { Admission } from "../admission/admit.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
@@ -161,7 +161,7 @@ export async function main(args: string[]): Promise<number> {
         const next_at = paused === row.paused
           ? row.next_at
           : await firstOccurrenceFrom(sql, { ...row, paused });
-        const updated = await updateSchedule(sql, tenant, id!, { ...row, paused, next_at });
+        const updated = await setSchedulePaused(sql, tenant, id!, paused, next_at);
         if (!updated) return missing();
         console.log(scheduleLine(updated));
         return 0;

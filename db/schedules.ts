@@ -83,9 +83,10 @@ export interface DeclaredOutcome {
   /**
    * `created`, `updated`, `unchanged`, `removed` (an older version declared
    * it, the newest does not), or `taken`: the tenant has a schedule of this
-   * id created at run time or declared by another workflow, left as it is.
+   * id created at run time or declared by another workflow, left as it is;
+   * `no-tenant`: no such tenant (yet), so not written.
    */
-  outcome: "created" | "updated" | "unchanged" | "removed" | "taken";
+  outcome: "created" | "updated" | "unchanged" | "removed" | "taken" | "no-tenant";
 }
 
 /**
@@ -94,7 +95,8 @@ export interface DeclaredOutcome {
  * removes the ones the workflow declared before that it no longer does;
  * otherwise does nothing and answers nothing (a newer version decides). A
  * schedule created at run time, or declared by another workflow, keeps its
- * id (`taken`). One transaction under the name's lock (db/catalog.ts), so
+ * id (`taken`); a tenant that does not exist (yet) gets none
+ * (`no-tenant`). One transaction under the name's lock (db/catalog.ts), so
  * workers registering at once take turns; a schedule that already says what
  * is declared is not written, so its `updated_at` (the ticker's fence) and
  * cursor stay. A replaced declaration keeps its cursor unless its cron or
@@ -113,17 +115,22 @@ export async function syncDeclaredSchedules(
         select not exists (select 1 from workflow_versions
                             where name = ${name} and version > ${version}) as yes
       ),
-      wanted as (
-        select w.* from jsonb_to_recordset(${tx.json(rows as never)}::jsonb)
-            as w(tenant_id text, schedule_id text, cron text, timezone text, input jsonb,
+      declared as (
+        select d.* from jsonb_to_recordset(${tx.json(rows as never)}::jsonb)
+            as d(tenant_id text, schedule_id text, cron text, timezone text, input jsonb,
                  overlap text, catchup text, next_at timestamptz)
          where (select yes from newest)
+      ),
+      -- An occurrence's run needs its tenant (runs reference tenants).
+      wanted as (
+        select d.* from declared d where exists (select 1 from tenants t
+                                                 where t.tenant_id = d.tenant_id)
       ),
       gone as (
         delete from schedules s
          where (select yes from newest) and s.declared_by = ${name}
-           and not exists (select 1 from wanted w
-                            where w.tenant_id = s.tenant_id and w.schedule_id = s.schedule_id)
+           and not exists (select 1 from declared d
+                            where d.tenant_id = s.tenant_id and d.schedule_id = s.schedule_id)
         returning s.tenant_id, s.schedule_id
       ),
       put as (
@@ -150,14 +157,16 @@ export async function syncDeclaredSchedules(
                 excluded.overlap, excluded.catchup, excluded.declared_version)
         returning tenant_id, schedule_id, xmax = 0 as created
       )
-      select w.tenant_id, w.schedule_id,
+      select d.tenant_id, d.schedule_id,
              case when p.created then 'created'
                   when p.schedule_id is not null then 'updated'
                   when s.declared_by = ${name} then 'unchanged'
+                  when s.schedule_id is null and w.tenant_id is null then 'no-tenant'
                   else 'taken' end as outcome
-        from wanted w
-        left join put p on p.tenant_id = w.tenant_id and p.schedule_id = w.schedule_id
-        left join schedules s on s.tenant_id = w.tenant_id and s.schedule_id = w.schedule_id
+        from declared d
+        left join wanted w on w.tenant_id = d.tenant_id and w.schedule_id = d.schedule_id
+        left join put p on p.tenant_id = d.tenant_id and p.schedule_id = d.schedule_id
+        left join schedules s on s.tenant_id = d.tenant_id and s.schedule_id = d.schedule_id
       union all
       select tenant_id, schedule_id, 'removed' from gone`;
   });
@@ -201,6 +210,25 @@ export async function updateSchedule(
   }::jsonb, 'null'), overlap = ${f.overlap},
            catchup = ${f.catchup}, paused = ${f.paused}, next_at = ${f.next_at},
            updated_at = now()
+     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning *`;
+  return row;
+}
+
+/**
+ * Pauses or resumes a schedule, changing nothing else (a registration may
+ * be rewriting a declared schedule's other fields meanwhile); undefined
+ * when there is no such schedule.
+ */
+export async function setSchedulePaused(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  paused: boolean,
+  nextAt: Date | null,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    update schedules set paused = ${paused}, next_at = ${nextAt}, updated_at = now()
      where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
     returning *`;
   return row;

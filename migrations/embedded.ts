@@ -957,10 +957,16 @@ create index schedules_due_idx on schedules (next_at) where next_at is not null;
 -- schedule created at run time (\`/v1/schedules\`, \`deno task schedule\`), which
 -- registration never touches.
 --
+-- schedules_declared_idx: a worker's start finds its workflows' declared
+-- schedules (to remove those no longer declared) without reading every
+-- tenant's schedules.
+--
 -- Nullable columns without a default rewrite nothing; both tables hold a row
--- per deployed version or per schedule, not per run.
+-- per deployed version or per schedule, not per run, so the index is built in
+-- place (the schedules table is not among the large ones).
 alter table workflow_versions add column schedules jsonb;
 alter table schedules add column declared_by text, add column declared_version int;
+create index schedules_declared_idx on schedules (declared_by) where declared_by is not null;
 `,
   },
 ];

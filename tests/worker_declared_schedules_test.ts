@@ -15,7 +15,8 @@ import { WorkerPresence } from "../worker/presence.ts";
 import { writeDeclaredSchedules } from "../worker/declared_schedules.ts";
 import { defineWorkflow, type ScheduleDeclaration } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
-import { freshDatabase } from "./support/db.ts";
+import { freshDatabase, type TestDatabase } from "./support/db.ts";
+import { insertTenant } from "../db/auth.ts";
 
 const input = z.object({ full: z.boolean() });
 
@@ -35,6 +36,13 @@ const V1 = [
   { id: "hourly", cron: "0 * * * *", input: { full: false }, tenants: ["globex"] },
   { id: "weekly", cron: "0 6 * * 1", input: { full: true } },
 ];
+
+/** A database with the tenants acme and globex. */
+async function database(): Promise<TestDatabase> {
+  const db = await freshDatabase();
+  for (const t of ["acme", "globex"]) await insertTenant(db.sql, t);
+  return db;
+}
 
 /** Starts a worker's registration of `workflows` and stops it; resolves once registered. */
 async function register(sql: Sql, id: string, workflows: ReturnType<typeof report>[]) {
@@ -58,7 +66,7 @@ async function all(sql: Sql): Promise<Map<string, ScheduleRow>> {
 }
 
 Deno.test("declared schedules: a worker registering a version creates them, once per tenant, leaving a run-time schedule of the same id alone", async () => {
-  const db = await freshDatabase();
+  const db = await database();
   try {
     // acme made its own "weekly" at run time: registration must not touch it.
     const mine = await insertSchedule(db.sql, "acme", "weekly", {
@@ -92,7 +100,7 @@ Deno.test("declared schedules: a worker registering a version creates them, once
 });
 
 Deno.test("declared schedules: eight workers registering at once create each schedule once, and a restart rewrites nothing", async () => {
-  const db = await freshDatabase();
+  const db = await database();
   try {
     const registry = () => new WorkflowRegistry([report(1, V1)]);
     const results = await Promise.all(
@@ -120,7 +128,7 @@ Deno.test("declared schedules: eight workers registering at once create each sch
 });
 
 Deno.test("declared schedules: a newer version's declaration updates, adds and removes them; an older one's worker changes nothing", async () => {
-  const db = await freshDatabase();
+  const db = await database();
   try {
     await register(db.sql, "w1", [report(1, V1)]);
     // An operator paused globex's nightly at run time: it stays paused.
@@ -168,7 +176,7 @@ Deno.test("declared schedules: a newer version's declaration updates, adds and r
 });
 
 Deno.test("declared schedules: a registered version declaring other schedules is a workflow conflict", async () => {
-  const db = await freshDatabase();
+  const db = await database();
   try {
     await register(db.sql, "w1", [report(1, V1)]);
     await assert.rejects(
@@ -179,6 +187,32 @@ Deno.test("declared schedules: a registered version declaring other schedules is
         return true;
       },
     );
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("declared schedules: a tenant that does not exist yet gets none until a worker starts after it was created", async () => {
+  const db = await freshDatabase();
+  try {
+    await insertTenant(db.sql, "acme");
+    const versions = new WorkflowRegistry([report(1, V1)]).catalogVersions();
+    const first = await writeDeclaredSchedules(db.sql, versions, silentLogger);
+    assert.deepEqual(
+      first.map((o) => `${o.tenant_id}/${o.schedule_id} ${o.outcome}`).sort(),
+      [
+        "acme/nightly created",
+        "acme/weekly created",
+        "globex/hourly no-tenant",
+        "globex/nightly no-tenant",
+        "globex/weekly no-tenant",
+      ],
+    );
+    assert.deepEqual([...(await all(db.sql)).keys()].sort(), ["acme/nightly", "acme/weekly"]);
+    await insertTenant(db.sql, "globex");
+    const again = await writeDeclaredSchedules(db.sql, versions, silentLogger);
+    assert.equal(again.filter((o) => o.outcome === "created").length, 3);
+    assert.equal((await all(db.sql)).size, 5);
   } finally {
     await db.drop();
   }

@@ -63,6 +63,9 @@ export async function writeDeclaredSchedules(
           "declared schedule not written: the tenant has another schedule with its id",
           fields,
         );
+      } else if (o.outcome === "no-tenant") {
+        // Written by the next worker start once the tenant exists.
+        log.warn("declared schedule not written: no such tenant", fields);
       } else if (o.outcome !== "unchanged") {
         log.info(`declared schedule ${o.outcome}`, fields);
       }
