@@ -15,7 +15,12 @@ import { WorkerPresence } from "../worker/presence.ts";
 import { writeDeclaredSchedules } from "../worker/declared_schedules.ts";
 import { defineWorkflow, type ScheduleDeclaration } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
-import { freshDatabase, type TestDatabase } from "./support/db.ts";
+import { Admission } from "../admission/admit.ts";
+import { occurrenceKey, ScheduleTicker } from "../admission/schedule_ticker.ts";
+import { MINUTE } from "../core/time.ts";
+import { createWorker } from "../worker/run_worker.ts";
+import { catalogOf } from "./support/catalog.ts";
+import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
 import { insertTenant } from "../db/auth.ts";
 
 const input = z.object({ full: z.boolean() });
@@ -214,6 +219,46 @@ Deno.test("declared schedules: a tenant that does not exist yet gets none until 
     assert.equal(again.filter((o) => o.outcome === "created").length, 3);
     assert.equal((await all(db.sql)).size, 5);
   } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("declared schedules: from a worker's start to an occurrence's run, run by that worker", async () => {
+  const db = await database();
+  const pulse = defineWorkflow({
+    name: "pulse",
+    version: 1,
+    input: z.object({ beat: z.number() }),
+    schedules: [{ id: "every-minute", cron: "* * * * *", input: { beat: 1 }, tenants: ["acme"] }],
+    handler: ({ beat }) => ({ beat }),
+  });
+  const worker = createWorker({ workflows: [pulse], databaseUrl: db.url, log: silentLogger });
+  try {
+    await worker.start();
+    const row = (await all(db.sql)).get("acme/every-minute")!;
+    assert.equal(row.workflow_ref, "pulse@1");
+    // An API's tick, its clock at the schedule's first occurrence.
+    const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry([pulse])), {
+      maxBatch: 4,
+      maxConcurrent: 1,
+    });
+    const ticker = new ScheduleTicker(db.sql, admission, {
+      intervalMs: MINUTE,
+      log: silentLogger,
+      now: () => Promise.resolve(row.next_at!),
+    });
+    assert.equal(await ticker.tick(), 1);
+    const key = occurrenceKey("every-minute", row.next_at!);
+    const run = await waitFor("the occurrence's run succeeded", async () => {
+      const [r] = await db.sql<{ status: string; result: unknown; workflow_version: number }[]>`
+        select status, result, workflow_version from runs
+         where tenant_id = 'acme' and dispatch_key = ${key}`;
+      return r?.status === "succeeded" ? r : undefined;
+    });
+    assert.deepEqual(run.result, { beat: 1 });
+    assert.equal(run.workflow_version, 1);
+  } finally {
+    await worker.stop();
     await db.drop();
   }
 });
