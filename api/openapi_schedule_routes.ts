@@ -61,23 +61,28 @@ export function scheduleRoutes(tenantHeader: Headers): Route[] {
       summary: "Change a schedule; `paused` pauses or resumes it",
       description: "Only the fields given change. A new cron or time zone, a pause or a " +
         "resume moves the next occurrence to the first at or after now: a resumed schedule " +
-        "catches up nothing of its pause (backfill for that).",
+        "catches up nothing of its pause (backfill for that). A schedule a workflow's " +
+        "definition declares (`origin: definition`) takes only `paused`: any other field is a " +
+        "409 `schedule-declared` (a new version of the definition changes it).",
       auth: true,
       params: SCHEDULE_ID,
       headers: TENANT_HEADER,
       body: { schema: "SchedulePatch" },
       answers: { 200: { description: "The schedule as changed", schema: "Schedule" } },
-      problems: [400, 401, 403, 404, 408, 413, 415, 422, 503],
+      problems: [400, 401, 403, 404, 408, 409, 413, 415, 422, 503],
     },
     {
       method: "delete",
       path: "/v1/schedules/:id",
       summary: "Delete a schedule (its runs stay)",
+      description: "A schedule a workflow's definition declares (`origin: definition`) is a " +
+        "409 `schedule-declared`: it is removed from the definition (a new version), and " +
+        "paused meanwhile.",
       auth: true,
       params: SCHEDULE_ID,
       headers: TENANT_HEADER,
       answers: { 204: { description: "Deleted", empty: true } },
-      problems: [401, 403, 404, 503],
+      problems: [401, 403, 404, 409, 503],
     },
     {
       method: "post",

@@ -13,6 +13,7 @@ import {
   type ScheduleRow,
   selectSchedule,
   selectSchedules,
+  setSchedulePaused,
   updateSchedule,
 } from "../db/schedules.ts";
 import type { Admission } from "../admission/admit.ts";
@@ -59,6 +60,8 @@ export function toSchedule(row: ScheduleRow): Schedule {
     paused: row.paused,
     next_occurrences: next,
     last_run_id: row.last_run_id,
+    origin: row.declared_by === null ? "api" : "definition",
+    declared_by: row.declared_by === null ? null : `${row.declared_by}@${row.declared_version}`,
     created_at: row.created_at.toISOString(),
     updated_at: row.updated_at.toISOString(),
   };
@@ -66,6 +69,18 @@ export function toSchedule(row: ScheduleRow): Schedule {
 
 function notFound(id: string): PoimenError {
   return new PoimenError("not-found", `no schedule ${id}`);
+}
+
+/**
+ * The refusal of `what` on a declared schedule: the next registration would
+ * undo it, so the definition is where it changes.
+ */
+export function declaredRefusal(row: ScheduleRow, what: string): PoimenError {
+  return new PoimenError(
+    "schedule-declared",
+    `schedule ${row.schedule_id} is declared by workflow ${row.declared_by}@${row.declared_version}: ` +
+      `${what} it in the definition (a new version); here it can only be paused and resumed`,
+  );
 }
 
 /** Routes under /v1/schedules. */
@@ -127,6 +142,9 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     const patch = parseWith(SchedulePatch, await read(c));
     const row = SCHEDULE_ID_PATTERN.test(id) ? await selectSchedule(sql, tenantId, id) : undefined;
     if (!row) throw notFound(id);
+    if (row.declared_by !== null && Object.keys(patch).some((k) => k !== "paused")) {
+      throw declaredRefusal(row, "change");
+    }
     const f = {
       workflow_ref: patch.workflow_ref ?? row.workflow_ref,
       cron: patch.cron ?? row.cron,
@@ -145,18 +163,20 @@ export function schedulesRoutes(deps: SchedulesDeps): Hono<ApiEnv> {
     // The cursor stays unless when the schedule fires changed, or it was
     // paused or resumed: a resumed schedule starts from now, catching up nothing.
     const same = f.cron === row.cron && f.timezone === row.timezone && f.paused === row.paused;
-    const updated = await updateSchedule(sql, tenantId, id, {
-      ...f,
-      next_at: same ? row.next_at : await firstOccurrenceFrom(sql, f),
-    });
+    const next_at = same ? row.next_at : await firstOccurrenceFrom(sql, f);
+    const updated = row.declared_by === null
+      ? await updateSchedule(sql, tenantId, id, { ...f, next_at })
+      : await setSchedulePaused(sql, tenantId, id, f.paused, next_at);
     if (!updated) throw notFound(id);
     return c.json(toSchedule(updated));
   });
 
   app.delete("/:id", async (c) => {
     const id = c.req.param("id");
-    const gone = SCHEDULE_ID_PATTERN.test(id) &&
-      await deleteSchedule(sql, c.get("principal").tenantId, id);
+    const tenantId = c.get("principal").tenantId;
+    const row = SCHEDULE_ID_PATTERN.test(id) ? await selectSchedule(sql, tenantId, id) : undefined;
+    if (row?.declared_by) throw declaredRefusal(row, "remove");
+    const gone = row !== undefined && await deleteSchedule(sql, tenantId, id);
     if (!gone) throw notFound(id);
     return c.body(null, 204);
   });

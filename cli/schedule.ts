@@ -15,7 +15,7 @@ import {
   type ScheduleRow,
   selectSchedule,
   selectSchedules,
-  updateSchedule,
+  setSchedulePaused,
 } from "../db/schedules.ts";
 import { Admission } from "../admission/admit.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
@@ -71,7 +71,8 @@ type Action = typeof ACTIONS[number];
 function scheduleLine(s: ScheduleRow): string {
   const next = s.next_at ? `next ${s.next_at.toISOString()}` : "paused";
   return `${s.schedule_id} ${s.workflow_ref} ${JSON.stringify(s.cron)} ${s.timezone} ` +
-    `overlap=${s.overlap} catchup=${s.catchup} ${next}`;
+    `overlap=${s.overlap} catchup=${s.catchup} ${next}` +
+    (s.declared_by ? ` declared-by=${s.declared_by}@${s.declared_version}` : "");
 }
 
 /** Runs `schedule` with its arguments; returns the exit code. */
@@ -160,15 +161,24 @@ export async function main(args: string[]): Promise<number> {
         const next_at = paused === row.paused
           ? row.next_at
           : await firstOccurrenceFrom(sql, { ...row, paused });
-        const updated = await updateSchedule(sql, tenant, id!, { ...row, paused, next_at });
+        const updated = await setSchedulePaused(sql, tenant, id!, paused, next_at);
         if (!updated) return missing();
         console.log(scheduleLine(updated));
         return 0;
       }
-      case "delete":
-        if (!await deleteSchedule(sql, tenant, id!)) return missing();
+      case "delete": {
+        const row = await selectSchedule(sql, tenant, id!);
+        if (row?.declared_by) {
+          console.error(
+            `schedule: ${id} is declared by workflow ${row.declared_by}@${row.declared_version}: ` +
+              "remove it from the definition (a new version); pause it meanwhile",
+          );
+          return NOT_FOUND;
+        }
+        if (!row || !await deleteSchedule(sql, tenant, id!)) return missing();
         console.log(`${id} deleted (its runs stay)`);
         return 0;
+      }
       case "backfill":
         return await backfill(sql, log, tenant, id!, new Date(from), new Date(to), missing);
     }

@@ -105,6 +105,7 @@ export {
   type StartOptions,
 } from "./workflow_runs.ts";
 export type {
+  DeclaredSchedule,
   Schema,
   SignalSchemas,
   WorkflowDefinition,

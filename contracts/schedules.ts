@@ -110,6 +110,14 @@ export const Schedule = z.object({
     "The next occurrences (UTC, RFC 3339), at most 3; empty while paused",
   ),
   last_run_id: z.string().nullable().describe("The run of the last occurrence started"),
+  origin: z.enum(["api", "definition"]).describe(
+    "`api`: made at run time (`/v1/schedules`, `deno task schedule`); `definition`: declared " +
+      "in a workflow's definition, written when a worker registers it: only `paused` may be " +
+      "changed here, and it cannot be deleted here",
+  ),
+  declared_by: z.string().nullable().describe(
+    "The workflow version whose definition wrote it (`name@version`); null for `origin: api`",
+  ),
   created_at: z.string(),
   updated_at: z.string(),
 });

@@ -74,6 +74,52 @@ export interface WorkflowDefinition<
   readonly signals?: S;
   /** Each declared signal's payload as JSON Schema (the input side), as the catalog stores it. */
   readonly signalSchemas?: Readonly<Record<string, Readonly<Record<string, unknown>>>>;
+  /** The schedules it declares, checked, each with its tenants; unset: none. */
+  readonly schedules?: readonly DeclaredSchedule<In>[];
+}
+
+/**
+ * A schedule a workflow declares (`schedules` of `defineWorkflow`): a run of
+ * the declaring version with `input` at each occurrence of `cron` in
+ * `timezone`, for each of `tenants` (docs/workflows.md#declared-schedules).
+ * `In` is the input as a caller sends it.
+ */
+export interface ScheduleDeclaration<In = unknown> {
+  /** The schedule's id within each tenant: 1–100 of `A-Z a-z 0-9 . _ -`. */
+  readonly id: string;
+  /** 5 fields: minute hour day-of-month month day-of-week (`30 2 * * *`). */
+  readonly cron: string;
+  /** An IANA time zone; unset: `UTC`. */
+  readonly timezone?: string;
+  /** Every occurrence's input, checked against the input schema when defined; unset: null. */
+  readonly input?: In;
+  /** `allow` (default) or `skip` while the last occurrence's run is unfinished. */
+  readonly overlap?: "skip" | "allow";
+  /** After downtime: `skip` (default), `latest` or `all`. */
+  readonly catchup?: "skip" | "latest" | "all";
+  /**
+   * The tenants (ids, no prefixes) the schedule exists for, once each;
+   * unset: the definition's `tenants`, which must then name ids only.
+   */
+  readonly tenants?: readonly string[];
+}
+
+/** A declared schedule as a definition keeps it: defaults applied, its tenants named. */
+export interface DeclaredSchedule<In = unknown> {
+  /** The schedule's id within each of its tenants. */
+  readonly id: string;
+  /** Its 5-field cron. */
+  readonly cron: string;
+  /** Its IANA time zone (`UTC` when the declaration gave none). */
+  readonly timezone: string;
+  /** As JSON carries it (null when the declaration gave none). */
+  readonly input: In;
+  /** Its overlap policy (`allow` when the declaration gave none). */
+  readonly overlap: "skip" | "allow";
+  /** Its catch-up policy (`skip` when the declaration gave none). */
+  readonly catchup: "skip" | "latest" | "all";
+  /** The tenants it exists for, sorted: the declaration's, or the definition's. */
+  readonly tenants: readonly string[];
 }
 
 /** What a caller sends as the input of a run of `W` (a definition): its input schema's input side. */

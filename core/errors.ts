@@ -60,6 +60,15 @@ export const ERRORS = {
   "run-finished": { status: 409, title: "Run already finished", retryable: false },
   /** Creating a schedule whose id the tenant already has (`/v1/schedules`): PATCH it instead. */
   "schedule-exists": { status: 409, title: "Schedule already exists", retryable: false },
+  /**
+   * Changing (other than pausing) or deleting a schedule a workflow's
+   * definition declares: a new version of the definition changes it.
+   */
+  "schedule-declared": {
+    status: 409,
+    title: "Schedule declared by a workflow definition",
+    retryable: false,
+  },
   "database-unavailable": { status: 503, title: "Database unavailable", retryable: true },
   /** More request bodies in progress than BODY_BUDGET_BYTES allows, for longer than BODY_BUDGET_WAIT_MS. */
   busy: { status: 503, title: "Server busy", retryable: true },

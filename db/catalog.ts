@@ -7,6 +7,7 @@
  * handlers' code) and answers from it what a queued run waits for.
  */
 import type { Sql } from "./pool.ts";
+import type { DeclaredSchedule } from "../contracts/workflow.ts";
 import { QUEUED_TENANT_SCAN } from "./queue_sql.ts";
 
 /** One workflow version as the catalog keeps it. */
@@ -33,6 +34,11 @@ export interface CatalogVersion {
    * text (`acme,team-*`, migration 014); null: every tenant.
    */
   tenants?: string | null;
+  /**
+   * The schedules it declares (migration 034), as the definition keeps them
+   * (workflows/schedules.ts); null: none.
+   */
+  schedules?: readonly DeclaredSchedule[] | null;
 }
 
 /** What registering one version found. */
@@ -43,7 +49,7 @@ export interface Registration {
   created: boolean;
   /**
    * It was registered before with the same definition: input, output and
-   * signal schemas, max attempts, concurrency limit and tenants (true
+   * signal schemas, max attempts, concurrency limit, tenants and schedules (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again),
    * or it was refused (`refused`).
@@ -68,10 +74,13 @@ export interface ConcurrencyOf {
   concurrency_key: string | null;
 }
 
-// The advisory lock class of workflow names ("poim"): registrations of one
-// name take turns, so two versions registered at once are compared with each
-// other. The two-key form never meets the migrations' one-key lock.
-const NAME_LOCK_CLASS = 0x706f696d;
+/**
+ * The advisory lock class of workflow names ("poim"): registrations of one
+ * name take turns, so two versions registered at once are compared with each
+ * other (and their declared schedules written one after the other,
+ * db/schedules.ts). The two-key form never meets the migrations' one-key lock.
+ */
+export const NAME_LOCK_CLASS = 0x706f696d;
 
 /**
  * Registers `versions` for `workerId`: each `name@version` not yet in the
@@ -99,9 +108,10 @@ export async function registerVersions(
         select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
             as (name text, version int, input_schema jsonb, output_schema jsonb,
                 max_attempts int, concurrency_limit int, concurrency_key text, tenants text,
-                signal_schemas jsonb))
+                signal_schemas jsonb, schedules jsonb))
           with ordinality as w(name, version, input_schema, output_schema, max_attempts,
-                               concurrency_limit, concurrency_key, tenants, signal_schemas, i)
+                               concurrency_limit, concurrency_key, tenants, signal_schemas,
+                               schedules, i)
       ),
       -- Per name, the version every new one must agree with on concurrency:
       -- the current one, or for a name first registered here its newest.
@@ -127,9 +137,9 @@ export async function registerVersions(
       ins as (
         insert into workflow_versions (name, version, input_schema, output_schema, max_attempts,
                                        concurrency_limit, concurrency_key, tenants, signal_schemas,
-                                       registered_by)
+                                       schedules, registered_by)
         select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
-               concurrency_key, tenants, signal_schemas, ${workerId}
+               concurrency_key, tenants, signal_schemas, schedules, ${workerId}
           from checked
          where agrees
         on conflict (name, version) do nothing
@@ -150,7 +160,8 @@ export async function registerVersions(
                        and v.concurrency_limit is not distinct from w.concurrency_limit
                        and v.concurrency_key is not distinct from w.concurrency_key
                        and v.tenants is not distinct from w.tenants
-                       and v.signal_schemas is not distinct from w.signal_schemas end as same,
+                       and v.signal_schemas is not distinct from w.signal_schemas
+                       and v.schedules is not distinct from w.schedules end as same,
              cur.name is not null as current,
              case when v.name is null and not w.agrees
                   then jsonb_build_object('version', w.agreed_version,

@@ -1,9 +1,11 @@
 /**
- * The schedules' statements (migration 027). Every one names its tenant but
- * `selectDueSchedules`, the tickers' range of schedules_due_idx across
- * tenants (a row per schedule, never per run).
+ * The schedules' statements (migrations 027, 034). Every one names its
+ * tenant but `claimDueSchedules`, the tickers' range of schedules_due_idx
+ * across tenants (a row per schedule, never per run), and
+ * `syncDeclaredSchedules`, a workflow's declared schedules in every tenant.
  */
 import type { JSONValue, Sql } from "./pool.ts";
+import { NAME_LOCK_CLASS } from "./catalog.ts";
 
 /** A schedule as stored. */
 export interface ScheduleRow {
@@ -23,6 +25,10 @@ export interface ScheduleRow {
   ticking_until: Date | null;
   created_at: Date;
   updated_at: Date;
+  /** The workflow whose definition declares it (migration 034); null: made at run time. */
+  declared_by: string | null;
+  /** The version of `declared_by` that wrote it last. */
+  declared_version: number | null;
 }
 
 /** What a caller sets of a schedule (a null input is stored as JSON null, not SQL NULL). */
@@ -57,34 +63,113 @@ export async function insertSchedule(
   return row;
 }
 
+/** A declared schedule of one tenant, as registration writes it. */
+export interface DeclaredRow {
+  tenant_id: string;
+  schedule_id: string;
+  cron: string;
+  timezone: string;
+  input: unknown;
+  overlap: "skip" | "allow";
+  catchup: "skip" | "latest" | "all";
+  /** Where its cursor starts when it is new or its cron or zone changed. */
+  next_at: Date | null;
+}
+
+/** What registration did to one declared schedule. */
+export interface DeclaredOutcome {
+  tenant_id: string;
+  schedule_id: string;
+  /**
+   * `created`, `updated`, `unchanged`, `removed` (an older version declared
+   * it, the newest does not), or `taken`: the tenant has a schedule of this
+   * id created at run time or declared by another workflow, left as it is;
+   * `no-tenant`: no such tenant (yet), so not written.
+   */
+  outcome: "created" | "updated" | "unchanged" | "removed" | "taken" | "no-tenant";
+}
+
 /**
- * Creates or replaces a schedule a workflow version declares; a
- * replacement keeps its cursor when its cron and zone are unchanged.
+ * Writes the schedules `name@version` declares (`rows`, one per tenant and
+ * schedule) when it is the workflow's newest registered version, and
+ * removes the ones the workflow declared before that it no longer does;
+ * otherwise does nothing and answers nothing (a newer version decides). A
+ * schedule created at run time, or declared by another workflow, keeps its
+ * id (`taken`); a tenant that does not exist (yet) gets none
+ * (`no-tenant`). One transaction under the name's lock (db/catalog.ts), so
+ * workers registering at once take turns; a schedule that already says what
+ * is declared is not written, so its `updated_at` (the ticker's fence) and
+ * cursor stay. A replaced declaration keeps its cursor unless its cron or
+ * zone changed, and a schedule paused at run time stays paused.
  */
-export async function upsertSchedule(
+export async function syncDeclaredSchedules(
   sql: Sql,
-  tenantId: string,
-  scheduleId: string,
-  f: ScheduleFields,
-): Promise<ScheduleRow> {
-  const [row] = await sql<ScheduleRow[]>`
-    insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input, overlap,
-                           catchup, paused, next_at)
-    values (${tenantId}, ${scheduleId}, ${f.workflow_ref}, ${f.cron}, ${f.timezone},
-            coalesce(${
-    sql.json(f.input as JSONValue)
-  }::jsonb, 'null'), ${f.overlap}, ${f.catchup}, ${f.paused},
-            ${f.next_at})
-    on conflict (tenant_id, schedule_id) do update
-       set workflow_ref = excluded.workflow_ref, input = excluded.input,
-           cron = excluded.cron, timezone = excluded.timezone,
-           next_at = case when schedules.paused then null
-                          when schedules.cron = excluded.cron
-                           and schedules.timezone = excluded.timezone
-                          then schedules.next_at else excluded.next_at end,
-           updated_at = now()
-    returning *`;
-  return row;
+  name: string,
+  version: number,
+  rows: DeclaredRow[],
+): Promise<DeclaredOutcome[]> {
+  return await sql.begin(async (tx) => {
+    await tx`select pg_advisory_xact_lock(${NAME_LOCK_CLASS}, hashtext(${name}))`;
+    return await tx<DeclaredOutcome[]>`
+      with newest as (
+        select not exists (select 1 from workflow_versions
+                            where name = ${name} and version > ${version}) as yes
+      ),
+      declared as (
+        select d.* from jsonb_to_recordset(${tx.json(rows as never)}::jsonb)
+            as d(tenant_id text, schedule_id text, cron text, timezone text, input jsonb,
+                 overlap text, catchup text, next_at timestamptz)
+         where (select yes from newest)
+      ),
+      -- An occurrence's run needs its tenant (runs reference tenants).
+      wanted as (
+        select d.* from declared d where exists (select 1 from tenants t
+                                                 where t.tenant_id = d.tenant_id)
+      ),
+      gone as (
+        delete from schedules s
+         where (select yes from newest) and s.declared_by = ${name}
+           and not exists (select 1 from declared d
+                            where d.tenant_id = s.tenant_id and d.schedule_id = s.schedule_id)
+        returning s.tenant_id, s.schedule_id
+      ),
+      put as (
+        insert into schedules (tenant_id, schedule_id, workflow_ref, cron, timezone, input,
+                               overlap, catchup, next_at, declared_by, declared_version)
+        select tenant_id, schedule_id, ${`${name}@${version}`}, cron, timezone,
+               coalesce(input, 'null'::jsonb), overlap, catchup, next_at, ${name}, ${version}
+          from wanted
+        on conflict (tenant_id, schedule_id) do update
+           set workflow_ref = excluded.workflow_ref, cron = excluded.cron,
+               timezone = excluded.timezone, input = excluded.input,
+               overlap = excluded.overlap, catchup = excluded.catchup,
+               declared_version = excluded.declared_version,
+               next_at = case when schedules.paused then null
+                              when schedules.cron = excluded.cron
+                               and schedules.timezone = excluded.timezone
+                              then schedules.next_at else excluded.next_at end,
+               updated_at = now()
+         where schedules.declared_by = excluded.declared_by
+           and (schedules.workflow_ref, schedules.cron, schedules.timezone, schedules.input,
+                schedules.overlap, schedules.catchup, schedules.declared_version)
+               is distinct from
+               (excluded.workflow_ref, excluded.cron, excluded.timezone, excluded.input,
+                excluded.overlap, excluded.catchup, excluded.declared_version)
+        returning tenant_id, schedule_id, xmax = 0 as created
+      )
+      select d.tenant_id, d.schedule_id,
+             case when p.created then 'created'
+                  when p.schedule_id is not null then 'updated'
+                  when s.declared_by = ${name} then 'unchanged'
+                  when s.schedule_id is null and w.tenant_id is null then 'no-tenant'
+                  else 'taken' end as outcome
+        from declared d
+        left join wanted w on w.tenant_id = d.tenant_id and w.schedule_id = d.schedule_id
+        left join put p on p.tenant_id = d.tenant_id and p.schedule_id = d.schedule_id
+        left join schedules s on s.tenant_id = d.tenant_id and s.schedule_id = d.schedule_id
+      union all
+      select tenant_id, schedule_id, 'removed' from gone`;
+  });
 }
 
 /** One schedule of the tenant's. */
@@ -125,6 +210,25 @@ export async function updateSchedule(
   }::jsonb, 'null'), overlap = ${f.overlap},
            catchup = ${f.catchup}, paused = ${f.paused}, next_at = ${f.next_at},
            updated_at = now()
+     where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
+    returning *`;
+  return row;
+}
+
+/**
+ * Pauses or resumes a schedule, changing nothing else (a registration may
+ * be rewriting a declared schedule's other fields meanwhile); undefined
+ * when there is no such schedule.
+ */
+export async function setSchedulePaused(
+  sql: Sql,
+  tenantId: string,
+  scheduleId: string,
+  paused: boolean,
+  nextAt: Date | null,
+): Promise<ScheduleRow | undefined> {
+  const [row] = await sql<ScheduleRow[]>`
+    update schedules set paused = ${paused}, next_at = ${nextAt}, updated_at = now()
      where tenant_id = ${tenantId} and schedule_id = ${scheduleId}
     returning *`;
   return row;

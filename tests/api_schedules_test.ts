@@ -4,7 +4,8 @@
  * occurrences, pause and resume, backfill twice (one run per occurrence),
  * delete; another tenant's schedule is a 404; a run request with a
  * `schedule:` dispatch key is a 422; an occurrence's run shows its
- * schedule_id and scheduled_for.
+ * schedule_id and scheduled_for. A schedule a definition declares answers
+ * `origin: "definition"`, and may only be paused and resumed here.
  */
 import assert from "node:assert/strict";
 import client from "prom-client";
@@ -19,38 +20,50 @@ import { loadConsoleAssets } from "../api/console/assets.ts";
 import { insertTenant, insertToken } from "../db/auth.ts";
 import { catalogOf } from "./support/catalog.ts";
 import { freshDatabase } from "./support/db.ts";
+import type { Sql } from "../db/pool.ts";
+import { writeDeclaredSchedules } from "../worker/declared_schedules.ts";
+import { defineWorkflow } from "../workflows/define.ts";
+import { WorkflowRegistry } from "../workflows/registry.ts";
+import { z } from "zod";
+
+/** The app over `sql` with tenants acme and globex, and how to call it as either. */
+async function api(sql: Sql) {
+  const tokens: Record<string, string> = {};
+  for (const t of ["acme", "globex"]) {
+    tokens[t] = newToken();
+    await insertTenant(sql, t);
+    await insertToken(sql, await hashToken(tokens[t]), { kind: "tenant", tenant_id: t, name: t });
+  }
+  const app = createApp({
+    sql,
+    admission: new Admission(sql, catalogOf(), { maxBatch: 16, maxConcurrent: 2 }),
+    auth: new Authenticator(sql, 30_000),
+    metrics: createApiMetrics(new client.Registry()),
+    log: silentLogger,
+    bodyLimit: 4096,
+    consoleAssets: loadConsoleAssets(),
+  });
+  const call = (method: string, path: string, body?: unknown, tenant = "acme") =>
+    app.request(path, {
+      method,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      headers: { authorization: `Bearer ${tokens[tenant]}`, "content-type": "application/json" },
+    });
+  const problem = async (r: Response, status: number, type: string) => {
+    const p = await r.json();
+    assert.equal(r.status, status, JSON.stringify(p));
+    assert.equal(p.type, PROBLEM_BASE + type);
+    return p;
+  };
+
+  return { call, problem };
+}
 
 Deno.test("api schedules: create, read, pause, resume, backfill, delete; schedule: keys are reserved", async () => {
   const db = await freshDatabase();
   const { sql } = db;
   try {
-    const tokens: Record<string, string> = {};
-    for (const t of ["acme", "globex"]) {
-      tokens[t] = newToken();
-      await insertTenant(sql, t);
-      await insertToken(sql, await hashToken(tokens[t]), { kind: "tenant", tenant_id: t, name: t });
-    }
-    const app = createApp({
-      sql,
-      admission: new Admission(sql, catalogOf(), { maxBatch: 16, maxConcurrent: 2 }),
-      auth: new Authenticator(sql, 30_000),
-      metrics: createApiMetrics(new client.Registry()),
-      log: silentLogger,
-      bodyLimit: 4096,
-      consoleAssets: loadConsoleAssets(),
-    });
-    const call = (method: string, path: string, body?: unknown, tenant = "acme") =>
-      app.request(path, {
-        method,
-        body: body === undefined ? undefined : JSON.stringify(body),
-        headers: { authorization: `Bearer ${tokens[tenant]}`, "content-type": "application/json" },
-      });
-    const problem = async (r: Response, status: number, type: string) => {
-      const p = await r.json();
-      assert.equal(r.status, status, JSON.stringify(p));
-      assert.equal(p.type, PROBLEM_BASE + type);
-      return p;
-    };
+    const { call, problem } = await api(sql);
 
     const nightly = {
       id: "nightly",
@@ -147,6 +160,56 @@ Deno.test("api schedules: create, read, pause, resume, backfill, delete; schedul
     await problem(await call("GET", "/v1/schedules/nightly"), 404, "not-found");
     // Its runs stay.
     assert.equal((await call("GET", `/v1/runs/${once[0].run_id}`)).status, 200);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("api schedules: a declared schedule says so, may be paused and resumed, and is neither changed nor deleted here", async () => {
+  const db = await freshDatabase();
+  const { sql } = db;
+  try {
+    const { call, problem } = await api(sql);
+    const report = defineWorkflow({
+      name: "echo",
+      version: 1,
+      input: z.unknown(),
+      schedules: [{ id: "nightly", cron: "30 2 * * *", input: { full: true }, tenants: ["acme"] }],
+      handler: () => null,
+    });
+    await writeDeclaredSchedules(
+      sql,
+      new WorkflowRegistry([report]).catalogVersions(),
+      silentLogger,
+    );
+    assert.equal(
+      (await call("POST", "/v1/schedules", { id: "mine", workflow_ref: "echo", cron: "0 * * * *" }))
+        .status,
+      201,
+    );
+    const list = (await (await call("GET", "/v1/schedules")).json()).schedules;
+    assert.deepEqual(
+      list.map((x: Record<string, unknown>) => [x.id, x.origin, x.declared_by, x.workflow_ref]),
+      [["mine", "api", null, "echo"], ["nightly", "definition", "echo@1", "echo@1"]],
+    );
+    assert.equal(list[1].next_occurrences.length, 3);
+
+    const refused = await problem(
+      await call("PATCH", "/v1/schedules/nightly", { cron: "0 3 * * *", paused: true }),
+      409,
+      "schedule-declared",
+    );
+    assert.match(refused.detail, /declared by workflow echo@1/);
+    await problem(await call("DELETE", "/v1/schedules/nightly"), 409, "schedule-declared");
+    const paused = await call("PATCH", "/v1/schedules/nightly", { paused: true });
+    assert.equal(paused.status, 200);
+    assert.deepEqual((await paused.json()).next_occurrences, []);
+    const resumed = await (await call("PATCH", "/v1/schedules/nightly", { paused: false })).json();
+    assert.equal(resumed.paused, false);
+    assert.equal(resumed.cron, "30 2 * * *");
+    assert.equal(resumed.origin, "definition");
+    assert.equal((await call("GET", "/v1/schedules/nightly")).status, 200, "still there");
+    assert.equal((await call("DELETE", "/v1/schedules/mine")).status, 204);
   } finally {
     await db.drop();
   }

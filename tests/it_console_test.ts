@@ -24,6 +24,8 @@ import { claimLimitedRuns } from "../db/claims.ts";
 import { notifyCatalog } from "../db/notify.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { defineWorkflow } from "../workflows/define.ts";
+import { writeDeclaredSchedules } from "../worker/declared_schedules.ts";
+import { silentLogger } from "../core/log.ts";
 
 const SCREENSHOTS = Deno.env.get("CONSOLE_SCREENSHOTS");
 const LONG = 60 * SECOND;
@@ -331,6 +333,62 @@ Deno.test({
       ["billing.invoice", "2", "current", "1"],
     ]);
 
+    assert.deepEqual(seen.foreignRequests, []);
+    assert.deepEqual(seen.cspViolations, []);
+  },
+});
+
+Deno.test({
+  name:
+    "console: the schedules page lists the tenant's schedules with their next occurrences and where each comes from",
+  ...BROWSER_TEST,
+  async fn() {
+    await using s = await setUp("acme");
+    const nightly = defineWorkflow({
+      name: "reports.nightly",
+      version: 1,
+      input: z.object({ full: z.boolean() }),
+      tenants: ["acme"],
+      schedules: [{
+        id: "nightly-report",
+        cron: "30 2 * * *",
+        timezone: "Europe/Paris",
+        input: { full: true },
+      }],
+      handler: () => Promise.resolve(null),
+    });
+    await writeDeclaredSchedules(
+      s.db.sql,
+      new WorkflowRegistry([nightly]).catalogVersions(),
+      silentLogger,
+    );
+    const res = await fetch(`${s.api.url}/v1/schedules`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${s.token}`, "content-type": "application/json" },
+      body: JSON.stringify({
+        id: "every-15",
+        workflow_ref: "echo",
+        cron: "*/15 * * * *",
+        overlap: "skip",
+      }),
+    });
+    assert.equal(res.status, 201, await res.text());
+    const page = await s.browser.context.newPage();
+    const seen = watch(page, s.api.url);
+    await logIn(page, s.api.url, s.token);
+    await page.getByRole("link", { name: "Schedules" }).click();
+    await page.waitForURL("**/console/schedules");
+    await page.locator("#schedules").waitFor();
+    const rows = await page.locator("#schedules tbody tr").evaluateAll((trs) =>
+      trs.map((tr) => [...tr.querySelectorAll("td")].map((td) => td.textContent ?? ""))
+    );
+    assert.deepEqual(rows.map((r) => [r[0], r[1], r[5]]), [
+      ["every-15", "echo", "API"],
+      ["nightly-report", "reports.nightly@1", "definition reports.nightly@1"],
+    ]);
+    assert.equal(rows[0][3].match(/\d\d:\d\d:00Z/g)?.length, 3, rows[0][3]);
+    assert.match(rows[1][2], /30 2 \* \* \* Europe\/Paris/);
+    await screenshot(page, "schedules", true);
     assert.deepEqual(seen.foreignRequests, []);
     assert.deepEqual(seen.cspViolations, []);
   },

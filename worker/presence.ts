@@ -6,7 +6,8 @@
  * saying which versions it hosts, renewed while it runs and deleted when it
  * stops, so the API can say of a queued run that no live worker hosts its
  * version. A registration of new versions is announced on `poimen_catalog`
- * after it committed.
+ * after it committed. Registering also writes the schedules the versions
+ * declare (worker/declared_schedules.ts).
  */
 import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
@@ -16,6 +17,7 @@ import { registerVersions, removeWorker, renewWorker } from "../db/catalog.ts";
 import { notifyCatalog } from "../db/notify.ts";
 import { isUnavailable, type Sql } from "../db/pool.ts";
 import type { WorkflowRegistry } from "../workflows/registry.ts";
+import { writeDeclaredSchedules } from "./declared_schedules.ts";
 
 /** `limit 5 per /customer_id`, `limit 5 per tenant`, `none`: a version's concurrency in words. */
 function concurrencyText(
@@ -69,6 +71,7 @@ export class WorkerPresence implements Service {
     for (let attempt = 0; !give.aborted; attempt++) {
       try {
         const created = await this.#register();
+        await writeDeclaredSchedules(this.#sql, this.#registry.catalogVersions(), this.#log);
         await renewWorker(this.#sql, this.#id, this.#registry.list(), PRESENCE_TTL_MS);
         this.#registered = true;
         // APIs learn new versions from it; what a worker hosts they read when asked.
@@ -120,7 +123,7 @@ export class WorkerPresence implements Service {
         throw new PoimenError(
           "workflow-conflict",
           `worker: workflow ${conflict.name}@${conflict.version} is already registered ` +
-            `with another definition (input or output schema, maxAttempts, concurrency or tenants); a ` +
+            `with another definition (input or output schema, maxAttempts, concurrency, tenants or schedules); a ` +
             `registered version never changes: give the new definition a new version`,
         );
       }

@@ -47,11 +47,13 @@ export {
 export type {
   ChildRun,
   ConcurrencyLimit,
+  DeclaredSchedule,
   DefinitionOptions,
   DurableContext,
   Fields,
   InputSchema,
   Logger,
+  ScheduleDeclaration,
   Schema,
   Signal,
   SignalPayload,

@@ -37,8 +37,8 @@
  * input against the definition's input as JSON Schema, without loading
  * this code, and the worker checks each result against `output` before it
  * completes the run. `name@version` is immutable once registered: change
- * the input, output, `maxAttempts`, `concurrency` or `tenants` under a new
- * version.
+ * the input, output, `maxAttempts`, `concurrency`, `tenants` or `schedules`
+ * under a new version.
  *
  * @module
  */
@@ -47,11 +47,19 @@ import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
-import type { Schema, SignalSchemas, WorkflowDefinition } from "../contracts/workflow.ts";
+import type {
+  ScheduleDeclaration,
+  Schema,
+  SignalSchemas,
+  WorkflowDefinition,
+} from "../contracts/workflow.ts";
 import { SIGNAL_NAME_PATTERN } from "../contracts/signals.ts";
+import { checkedSchedules } from "./schedules.ts";
 
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
 export type {
+  DeclaredSchedule,
+  ScheduleDeclaration,
   Schema,
   SignalPayload,
   SignalSchemas,
@@ -175,6 +183,16 @@ export interface DefinitionOptions<
    * takes any payload. Names as signals' (1-200 characters, no `#`).
    */
   signals?: S;
+  /**
+   * Recurring runs of this version (`[{ id: "nightly", cron: "30 2 * * *",
+   * timezone: "Europe/Paris", input: {...} }]`), each once per tenant it
+   * names (`tenants`, or else the definition's `tenants` when those are ids):
+   * a worker registering the version creates or updates them, as schedules
+   * of `/v1/schedules` marked `origin: "definition"`. Checked here: a bad
+   * cron, zone or input throws, naming the schedule. The workflow's newest
+   * registered version decides its declared schedules (docs/workflows.md).
+   */
+  schedules?: readonly ScheduleDeclaration<NoInfer<In>>[];
 }
 
 /** The signals of a workflow that declares none: each wait names its payload's type. */
@@ -217,8 +235,8 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
  * definition, for producers and for `implement`. With `handler`: the
  * definition implemented at once (`implement(defineWorkflow(rest),
  * handler)`). Throws a `TypeError` naming the workflow when the name,
- * version, schemas, max attempts, concurrency, tenants or handler is
- * invalid, so a bad definition fails where it is imported.
+ * version, schemas, max attempts, concurrency, tenants, schedules or
+ * handler is invalid, so a bad definition fails where it is imported.
  */
 export function defineWorkflow<
   I,
@@ -269,7 +287,7 @@ export function implement<I, O, In, OIn, S extends SignalSchemas>(
     );
   }
   const { name, version, input, output, maxAttempts, concurrency, tenants } = definition;
-  const { inputSchema, outputSchema, signals, signalSchemas } = definition;
+  const { inputSchema, outputSchema, signals, signalSchemas, schedules } = definition;
   return Object.freeze({
     name,
     version,
@@ -282,6 +300,7 @@ export function implement<I, O, In, OIn, S extends SignalSchemas>(
     outputSchema,
     signals,
     signalSchemas,
+    schedules,
     handler,
     [DEFINED]: true,
   }) as Workflow<I, O, In, OIn, S>;
@@ -334,6 +353,7 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
     throw new TypeError(`workflow ${label}: output must be a zod schema`);
   }
   const signals = checkedSignals(label, options.signals);
+  const schedules = checkedSchedules(label, options.schedules, tenants, options.input);
   return Object.freeze({
     name: options.name,
     version: options.version,
@@ -356,6 +376,7 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
         Object.freeze(jsonSchema(schema, "input")),
       ])),
     ),
+    schedules,
     [DEFINED]: true,
   });
 }

@@ -92,6 +92,7 @@ export class WorkflowRegistry {
       concurrency_key: w.concurrency?.key ?? null,
       tenants: w.tenants?.join(",") ?? null,
       signal_schemas: w.signalSchemas === undefined ? null : { ...w.signalSchemas },
+      schedules: w.schedules === undefined ? null : [...w.schedules],
     }));
   }
 }

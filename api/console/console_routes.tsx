@@ -40,6 +40,9 @@ import { QueueFragment, RunFragment, RunsFragment } from "./fragments.tsx";
 import { tenantVersions, WorkflowsFragment } from "./workflows.tsx";
 import { selectVersionListing } from "../../db/workflow_current.ts";
 import { loginShell, renderShell } from "./pages.tsx";
+import { CONSOLE_SCHEDULES, SchedulesFragment } from "./schedules.tsx";
+import { selectSchedules } from "../../db/schedules.ts";
+import { toSchedule } from "../schedules.ts";
 
 /** The console's Content-Security-Policy. */
 export const CONSOLE_CSP = [
@@ -133,6 +136,15 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         page: "workflows",
         title: "Workflows",
         fragment: "/console/fragments/workflows",
+      }),
+    ));
+
+  app.get("/schedules", async (c) =>
+    c.html(
+      await renderShell({
+        page: "schedules",
+        title: "Schedules",
+        fragment: "/console/fragments/schedules",
       }),
     ));
 
@@ -238,6 +250,18 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
     const tenant = c.get("principal").tenantId;
     const versions = tenantVersions(await selectVersionListing(sql), tenant);
     return c.html(<WorkflowsFragment tenant={tenant} versions={versions} />);
+  });
+
+  app.get("/fragments/schedules", async (c) => {
+    const tenant = c.get("principal").tenantId;
+    const rows = await selectSchedules(sql, tenant, { limit: CONSOLE_SCHEDULES + 1 });
+    return c.html(
+      <SchedulesFragment
+        tenant={tenant}
+        schedules={rows.slice(0, CONSOLE_SCHEDULES).map(toSchedule)}
+        more={rows.length > CONSOLE_SCHEDULES}
+      />,
+    );
   });
 
   return app;

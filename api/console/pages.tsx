@@ -8,7 +8,7 @@
 import type { Child } from "hono/jsx";
 
 /** The pages a shell can be. */
-export type ShellPage = "login" | "runs" | "run" | "queue" | "workflows";
+export type ShellPage = "login" | "runs" | "run" | "queue" | "workflows" | "schedules";
 
 interface ShellProps {
   page: ShellPage;
@@ -39,6 +39,7 @@ function Shell({ page, title, fragment, live, children }: ShellProps) {
             <a href="/console/runs">Runs</a>
             <a href="/console/queue">Queue</a>
             <a href="/console/workflows">Workflows</a>
+            <a href="/console/schedules">Schedules</a>
           </nav>
           <button id="logout" class="quiet" type="button" hidden>Log out</button>
         </header>
