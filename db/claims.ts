@@ -87,12 +87,55 @@ const GROUPS_SERVED = updateThroughKey(
   "select tenant_id, workflow_name, concurrency_key, 1 from group_next order by 1, 2, 3",
 );
 
-// The priorities a run may have (migration 011), highest first: a lane's or
-// group's queued runs are one index range per priority, in run_after order,
-// so "its due runs" and "its next run" are one short probe per priority
-// whatever waits behind them (not-due runs of a higher priority are never
-// read past).
-const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
+/**
+ * A recursive CTE `name (…keys, priority)`: for each row of `from` (whose
+ * columns `keys` name a lane or group), the priorities its queued runs have,
+ * highest first, then a last row whose priority is null. A loose scan of an
+ * index in `priority desc` order: one probe per priority held, plus one, so
+ * a lane or group pays for the priorities it uses (most use one), not for
+ * the 21 a run may have (migration 011). `match` is the condition on `r`
+ * (a runs row) for the row `x` of the CTE; its `priority` is `x.priority`.
+ * The caller's WITH must be `with recursive`.
+ */
+function priorityWalk(name: string, from: string, keys: string, match: string): string {
+  const cols = keys.split(",").map((k) => k.trim());
+  const of = (alias: string) => cols.map((c) => `${alias}.${c}`).join(", ");
+  const probe = (alias: string, below: string) =>
+    `(select r.priority from runs r
+       where ${match.replaceAll("x.", `${alias}.`)}${below}
+       order by r.priority desc limit 1)`;
+  return `${name} (${keys}, priority) as (
+    select ${of("s")}, ${probe("s", "")} from ${from} s
+    union all
+    select ${of("w")}, ${probe("w", " and r.priority < w.priority")}
+      from ${name} w where w.priority is not null
+  )`;
+}
+
+// A lane's queued runs (x: a row with its tenant_id, workflow_name and
+// workflow_version): one range of runs_queued_workflow_idx.
+const LANE_RUNS = `r.tenant_id collate "C" = x.tenant_id and r.status = 'queued'
+       and r.workflow_name = x.workflow_name and r.workflow_version = x.workflow_version`;
+
+// A group's queued runs (x: a row with its tenant_id, workflow_name and
+// concurrency_key): one range of runs_queued_key_idx.
+const GROUP_RUNS = `r.tenant_id collate "C" = x.tenant_id and r.workflow_name = x.workflow_name
+       and r.concurrency_key = x.concurrency_key and r.status = 'queued'
+       and r.concurrency_key is not null`;
+
+const LANE_PRIORITIES = priorityWalk(
+  "lane_priorities",
+  "shares",
+  "tenant_id, workflow_name, workflow_version",
+  LANE_RUNS,
+);
+
+const GROUP_PRIORITIES = priorityWalk(
+  "group_priorities",
+  "groups",
+  "tenant_id, workflow_name, concurrency_key",
+  GROUP_RUNS,
+);
 
 /**
  * Claims up to `limit` due queued runs of the `hosted` versions (none with a
@@ -122,9 +165,9 @@ const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
  * waits for this lock and lowers the lane again (db/queue_sql.ts
  * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
  *
- * The cost: one probe per hosted version, one row per lane served, two probes
- * per priority of each lane served (its share, then its next run) and one per
- * claimed run; tenants, lanes and runs that are not due are never read.
+ * The cost: one probe per hosted version, one row per lane served, three
+ * probes per priority each lane served holds, plus one (which priorities it
+ * holds: priorityWalk; its share; its next run), and one per claimed run; tenants, lanes and runs that are not due are never read.
  */
 export async function claimRuns(
   sql: Sql,
@@ -134,7 +177,7 @@ export async function claimRuns(
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with versions (name, version) as (
+    with recursive versions (name, version) as (
       select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
     ),
     -- The due lanes, least recently served first: per hosted version one
@@ -164,14 +207,16 @@ export async function claimRuns(
                limit ${limit}) slot
        group by 1, 2, 3, 4
     ),
+    -- The priorities each lane holds queued runs at (priorityWalk).
+    ${sql.unsafe(LANE_PRIORITIES)},
     -- Each lane's share of due runs, highest priority then oldest: one range
-    -- of runs_queued_workflow_idx per priority. A row locked here but not
-    -- among the share is unlocked when the statement commits.
+    -- of runs_queued_workflow_idx per priority it holds. A row locked here
+    -- but not among the share is unlocked when the statement commits.
     picked as (
       select c.*
         from shares s
        cross join lateral (
-             select o.* from ${sql.unsafe(PRIORITIES)}
+             select o.* from lane_priorities p
               cross join lateral (
                     select r.* from runs r
                      where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
@@ -181,6 +226,8 @@ export async function claimRuns(
                      order by r.run_after
                      limit s.share
                      for update skip locked) o
+              where p.tenant_id = s.tenant_id and p.workflow_name = s.workflow_name
+                and p.workflow_version = s.workflow_version
               order by o.priority desc, o.run_after
               limit s.share) c
     ),
@@ -193,7 +240,7 @@ export async function claimRuns(
     lane_next as (
       select s.seen,
              greatest(now(), coalesce((
-                         select min(x.run_after) from ${sql.unsafe(PRIORITIES)}
+                         select min(x.run_after) from lane_priorities p
                           cross join lateral (
                                 select r.run_after from runs r
                                  where r.tenant_id collate "C" = s.tenant_id
@@ -205,7 +252,9 @@ export async function claimRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) x), 'infinity')) as ready_at
+                                 limit 1) x
+                          where p.tenant_id = s.tenant_id and p.workflow_name = s.workflow_name
+                            and p.workflow_version = s.workflow_version), 'infinity')) as ready_at
         from shares s
     ),
     -- Only the lanes still as this statement's snapshot saw them, and not
@@ -255,7 +304,7 @@ export async function claimLimitedRuns(
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
   return await sql<ClaimedRun[]>`
-    with versions (name, version) as (
+    with recursive versions (name, version) as (
       select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
     ),
     names as (select distinct name from versions),
@@ -300,16 +349,18 @@ export async function claimLimitedRuns(
                limit ${limit}) c
     ),
     ${claimedFromPicked(sql, owner, leaseMs)},
+    -- The priorities each group looked at holds queued runs at (priorityWalk).
+    ${sql.unsafe(GROUP_PRIORITIES)},
     -- Per group looked at: the runs it started and its new due time. Its
     -- next queued run (of any version: another worker may host it) is one
-    -- probe per priority of runs_queued_key_idx.
+    -- probe of runs_queued_key_idx per priority it holds.
     group_next as (
       select g.tenant_id, g.workflow_name, g.concurrency_key,
              coalesce(n.taken, 0) as taken,
              case when not exists (select 1 from concurrency_slots x where x.ctid = g.at)
                   then now()
                   else greatest(now(), coalesce((
-                         select min(y.run_after) from ${sql.unsafe(PRIORITIES)}
+                         select min(y.run_after) from group_priorities p
                           cross join lateral (
                                 select r.run_after from runs r
                                  where r.tenant_id collate "C" = g.tenant_id
@@ -321,7 +372,9 @@ export async function claimLimitedRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) y), 'infinity')) end as due_at
+                                 limit 1) y
+                          where p.tenant_id = g.tenant_id and p.workflow_name = g.workflow_name
+                            and p.concurrency_key = g.concurrency_key), 'infinity')) end as due_at
         from groups g
         left join (select tenant_id, workflow_name, concurrency_key, count(*)::int as taken
                      from claimed group by 1, 2, 3) n
