@@ -40,17 +40,17 @@ export interface HostedVersions {
 
 /**
  * The CTE `claimed`: the rows of a CTE `picked` (whole `runs` rows, locked
- * by the statement) made `running` under `owner`'s lease, their attempt
- * counted. Through `updateThroughKey` (db/queue_sql.ts): each row is found
- * by a probe of the primary key whatever the plan.
+ * by the statement) made `running` under the lease of `$4` (the owner) for
+ * `$5` ms, their attempt counted. Through `updateThroughKey`
+ * (db/queue_sql.ts): each row is found by a probe of the primary key
+ * whatever the plan.
  */
-function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
-  return sql`claimed as (
-  ${sql.unsafe(updateThroughKey("runs", "tenant_id, run_id", "select * from picked"))}
+const CLAIMED_FROM_PICKED = `claimed as (
+  ${updateThroughKey("runs", "tenant_id, run_id", "select * from picked")}
      set status = 'running',
          attempts = runs.attempts + 1,
-         lease_owner = ${owner},
-         lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
+         lease_owner = $4::text,
+         lease_expires_at = now() + $5::float8 * interval '1 millisecond',
          started_at = coalesce(runs.started_at, now()),
          updated_at = now(),
          event_seq = runs.event_seq + 1
@@ -60,19 +60,43 @@ function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
             runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
             runs.traceparent, runs.concurrency_key, runs.lease_owner
 )`;
-}
 
 /** Each claimed run's `run.started` event `{attempt, worker}`, then the claimed runs. */
-function startedEventsOfClaimed(sql: Sql) {
-  return sql`ev as (
-  insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+const STARTED_EVENTS_OF_CLAIMED = `ev as (
+  insert into work_events (${EVENT_COLUMNS})
   select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
-         ${sql.unsafe(STARTED)}, now()
+         ${STARTED}, now()
     from claimed
 )
 select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
        dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
   from claimed`;
+
+/**
+ * Runs a claim statement (`$1` hosted names, `$2` their versions, `$3` the
+ * limit, `$4` the owner, `$5` the lease in ms) unnamed, never prepared:
+ * Postgres plans the unnamed statement with the values bound each time (a
+ * custom plan), where a prepared one may switch to its generic plan after
+ * five calls. The generic plan of a claim reads what the custom one reads,
+ * but without the limit and the hosted versions its estimate is 10 to 2,000
+ * times higher (the priority walk's recursion is guessed at hundreds of rows
+ * a lane), which is what the planner compares against, and what JIT
+ * compiles for (db/pool.ts). The cost: a Parse and a Describe per call, one
+ * more round trip than a prepared statement's.
+ */
+async function claimUnprepared(
+  sql: Sql,
+  text: string,
+  owner: string,
+  limit: number,
+  leaseMs: number,
+  hosted: HostedVersions,
+): Promise<ClaimedRun[]> {
+  return await sql.unsafe<ClaimedRun[]>(
+    text,
+    [hosted.names, hosted.versions, limit, owner, leaseMs],
+    { prepare: false },
+  );
 }
 
 // The locked lanes' rows, by their key (db/queue_sql.ts updateThroughKey).
@@ -137,48 +161,10 @@ const GROUP_PRIORITIES = priorityWalk(
   GROUP_RUNS,
 );
 
-/**
- * Claims up to `limit` due queued runs of the `hosted` versions (none with a
- * concurrency limit: see `claimLimitedRuns`) for `owner`, fairly across
- * tenants: each becomes `running` with a lease of `leaseMs`, its attempt
- * counted, and a `run.started` event `{attempt, worker}` appended.
- *
- * Who has due work is read from the lanes (migration 016), a row per tenant
- * and version whose `ready_at` is never later than its earliest queued run:
- * per hosted version one range of `queue_lanes_ready_idx`, `ready_at <=
- * now()` in that order, the first `limit` of them. The lanes least recently
- * served come first (a served lane goes to the back of the line): fair by a
- * rotating cursor, not by counting anyone's runs. The `limit` slots go round
- * the lanes in that order (one alone gets them all), and each lane gives its
- * share highest priority first, then oldest (a tenant's priorities order its
- * own runs only), skipping rows other claims hold (`FOR UPDATE SKIP LOCKED`);
- * a lane with fewer due runs than its share leaves those slots empty until
- * the next claim. Runs of versions this worker does not host are never read.
- *
- * Then each served lane is pushed back, in the same statement: to now()
- * when it still has a due run, to its next run's run_after when it has none
- * due, 'infinity' when nothing is queued. Only a
- * lane whose row is the version this statement's snapshot saw is pushed back
- * (locked by its ctid, `SKIP LOCKED`): a newer version means a statement
- * queued a run in it after the snapshot, a run this statement could not see,
- * so the lane is left as it is, due. A statement that queues a run later
- * waits for this lock and lowers the lane again (db/queue_sql.ts
- * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
- *
- * The cost: one probe per hosted version, one row per lane served, three
- * probes per priority each lane served holds, plus one (which priorities it
- * holds: priorityWalk; its share; its next run), and one per claimed run; tenants, lanes and runs that are not due are never read.
- */
-export async function claimRuns(
-  sql: Sql,
-  owner: string,
-  limit: number,
-  leaseMs: number,
-  hosted: HostedVersions,
-): Promise<ClaimedRun[]> {
-  return await sql<ClaimedRun[]>`
+// The statement of `claimRuns` (its parameters: `claimUnprepared`).
+const CLAIM_RUNS = `
     with recursive versions (name, version) as (
-      select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
+      select * from unnest($1::text[], $2::int[])
     ),
     -- The due lanes, least recently served first: per hosted version one
     -- range of queue_lanes_ready_idx, then the first of those. Not locked:
@@ -194,21 +180,21 @@ export async function claimRuns(
               where q.workflow_name = v.name and q.workflow_version = v.version
                 and q.ready_at <= now()
               order by q.ready_at
-              limit ${limit}) l
+              limit $3::int) l
        order by l.ready_at, l.tenant_id
-       limit ${limit}
+       limit $3::int
     ),
     -- The slots, round-robin over those lanes.
     shares as (
       select tenant_id, workflow_name, workflow_version, seen, count(*)::int as share
         from (select l.* from lanes l
-               cross join generate_series(1, ${limit}::int) k
+               cross join generate_series(1, $3::int) k
                order by k, l.ready_at, l.tenant_id
-               limit ${limit}) slot
+               limit $3::int) slot
        group by 1, 2, 3, 4
     ),
     -- The priorities each lane holds queued runs at (priorityWalk).
-    ${sql.unsafe(LANE_PRIORITIES)},
+    ${LANE_PRIORITIES},
     -- Each lane's share of due runs, highest priority then oldest: one range
     -- of runs_queued_workflow_idx per priority it holds. A row locked here
     -- but not among the share is unlocked when the statement commits.
@@ -231,7 +217,7 @@ export async function claimRuns(
               order by o.priority desc, o.run_after
               limit s.share) c
     ),
-    ${claimedFromPicked(sql, owner, leaseMs)},
+    ${CLAIMED_FROM_PICKED},
     -- Each lane's new place in line: its next queued run's run_after, now()
     -- (the back of the line) if that is due, 'infinity' when none is queued.
     -- Looked up even when the lane gave its whole share: a lane assumed to
@@ -268,44 +254,59 @@ export async function claimRuns(
                 for update skip locked) q
     ),
     lanes_pushed as (
-      ${sql.unsafe(LANES_PUSHED)}
+      ${LANES_PUSHED}
          set ready_at = excluded.ready_at
     ),
-    ${startedEventsOfClaimed(sql)}`;
-}
+    ${STARTED_EVENTS_OF_CLAIMED}`;
 
 /**
- * Claims up to `limit` due queued runs of the `hosted` versions that declare
- * a concurrency limit (migration 011), never more running at once per
- * concurrency group (tenant, workflow, key) than the group's limit, however
- * many workers claim and whatever their statements' snapshots: a group is
- * claimed from only while this statement holds its `concurrency_slots` row
- * (`FOR UPDATE SKIP LOCKED`), its room is read from that newest row, and the
- * row's counts move in the same statement as the runs.
+ * Claims up to `limit` due queued runs of the `hosted` versions (none with a
+ * concurrency limit: see `claimLimitedRuns`) for `owner`, fairly across
+ * tenants: each becomes `running` with a lease of `leaseMs`, its attempt
+ * counted, and a `run.started` event `{attempt, worker}` appended.
  *
- * Who has due work: the groups with room and queued runs whose `due_at`
- * (migration 016, never later than their earliest queued run) has come, per
- * hosted workflow one range of `concurrency_slots_due_idx` in due order, the
- * first `limit` of them. The slots go round those groups (one run of each,
- * then a second of each, ...), a group starting its runs highest priority
- * first, then oldest. Each group looked at goes to the back of the line
- * (`due_at = now()`) while a due run is left, else to its next run's
- * run_after ('infinity' when none is queued); a group whose row changed
- * since this statement's snapshot (a run queued that the snapshot cannot
- * see) goes to now(), never later. Groups whose runs are not due, full
- * groups and their backlogs are never read. Fair across groups, not
- * tenants: a tenant with more due groups gets more of the slots.
+ * Who has due work is read from the lanes (migration 016), a row per tenant
+ * and version whose `ready_at` is never later than its earliest queued run:
+ * per hosted version one range of `queue_lanes_ready_idx`, `ready_at <=
+ * now()` in that order, the first `limit` of them. The lanes least recently
+ * served come first (a served lane goes to the back of the line): fair by a
+ * rotating cursor, not by counting anyone's runs. The `limit` slots go round
+ * the lanes in that order (one alone gets them all), and each lane gives its
+ * share highest priority first, then oldest (a tenant's priorities order its
+ * own runs only), skipping rows other claims hold (`FOR UPDATE SKIP LOCKED`);
+ * a lane with fewer due runs than its share leaves those slots empty until
+ * the next claim. Runs of versions this worker does not host are never read.
+ *
+ * Then each served lane is pushed back, in the same statement: to now()
+ * when it still has a due run, to its next run's run_after when it has none
+ * due, 'infinity' when nothing is queued. Only a
+ * lane whose row is the version this statement's snapshot saw is pushed back
+ * (locked by its ctid, `SKIP LOCKED`): a newer version means a statement
+ * queued a run in it after the snapshot, a run this statement could not see,
+ * so the lane is left as it is, due. A statement that queues a run later
+ * waits for this lock and lowers the lane again (db/queue_sql.ts
+ * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
+ *
+ * The cost: one probe per hosted version, one row per lane served, three
+ * probes per priority each lane served holds, plus one (which priorities it
+ * holds: priorityWalk; its share; its next run), and one per claimed run;
+ * tenants, lanes and runs that are not due are never read. Sent unprepared,
+ * so always planned for its limit and hosted versions (`claimUnprepared`).
  */
-export async function claimLimitedRuns(
+export async function claimRuns(
   sql: Sql,
   owner: string,
   limit: number,
   leaseMs: number,
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
-  return await sql<ClaimedRun[]>`
+  return await claimUnprepared(sql, CLAIM_RUNS, owner, limit, leaseMs, hosted);
+}
+
+// The statement of `claimLimitedRuns` (its parameters: `claimUnprepared`).
+const CLAIM_LIMITED_RUNS = `
     with recursive versions (name, version) as (
-      select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
+      select * from unnest($1::text[], $2::int[])
     ),
     names as (select distinct name from versions),
     -- The due groups with room, least recently served first, each held for
@@ -320,10 +321,10 @@ export async function claimLimitedRuns(
               where s.workflow_name = n.name and s.queued > 0 and s.running < s.max_running
                 and s.due_at <= now()
               order by s.due_at
-              limit ${limit}
+              limit $3::int
                 for update skip locked) g
        order by g.due_at, g.tenant_id, g.concurrency_key
-       limit ${limit}
+       limit $3::int
     ),
     -- Each group's next runs (at most its room), highest priority then
     -- oldest, of the versions this worker hosts; then one per group in turn.
@@ -346,11 +347,11 @@ export async function claimLimitedRuns(
     picked as (
       select (c.r).*
         from (select * from candidates order by nth, due_at, tenant_id, concurrency_key
-               limit ${limit}) c
+               limit $3::int) c
     ),
-    ${claimedFromPicked(sql, owner, leaseMs)},
+    ${CLAIMED_FROM_PICKED},
     -- The priorities each group looked at holds queued runs at (priorityWalk).
-    ${sql.unsafe(GROUP_PRIORITIES)},
+    ${GROUP_PRIORITIES},
     -- Per group looked at: the runs it started and its new due time. Its
     -- next queued run (of any version: another worker may host it) is one
     -- probe of runs_queued_key_idx per priority it holds.
@@ -384,13 +385,45 @@ export async function claimLimitedRuns(
     -- Moves each group's counts and due time, on the newest version (the one
     -- locked, maybe newer than the snapshot): updateThroughKey.
     served_groups as (
-      ${sql.unsafe(GROUPS_SERVED)}
-         set running = concurrency_slots.running + (${sql.unsafe(groupNext("taken"))}),
-             queued = concurrency_slots.queued - (${sql.unsafe(groupNext("taken"))}),
-             due_at = (${sql.unsafe(groupNext("due_at"))}),
+      ${GROUPS_SERVED}
+         set running = concurrency_slots.running + (${groupNext("taken")}),
+             queued = concurrency_slots.queued - (${groupNext("taken")}),
+             due_at = (${groupNext("due_at")}),
              served_at = now()
     ),
-    ${startedEventsOfClaimed(sql)}`;
+    ${STARTED_EVENTS_OF_CLAIMED}`;
+
+/**
+ * Claims up to `limit` due queued runs of the `hosted` versions that declare
+ * a concurrency limit (migration 011), never more running at once per
+ * concurrency group (tenant, workflow, key) than the group's limit, however
+ * many workers claim and whatever their statements' snapshots: a group is
+ * claimed from only while this statement holds its `concurrency_slots` row
+ * (`FOR UPDATE SKIP LOCKED`), its room is read from that newest row, and the
+ * row's counts move in the same statement as the runs.
+ *
+ * Who has due work: the groups with room and queued runs whose `due_at`
+ * (migration 016, never later than their earliest queued run) has come, per
+ * hosted workflow one range of `concurrency_slots_due_idx` in due order, the
+ * first `limit` of them. The slots go round those groups (one run of each,
+ * then a second of each, ...), a group starting its runs highest priority
+ * first, then oldest. Each group looked at goes to the back of the line
+ * (`due_at = now()`) while a due run is left, else to its next run's
+ * run_after ('infinity' when none is queued); a group whose row changed
+ * since this statement's snapshot (a run queued that the snapshot cannot
+ * see) goes to now(), never later. Groups whose runs are not due, full
+ * groups and their backlogs are never read. Fair across groups, not
+ * tenants: a tenant with more due groups gets more of the slots. Sent
+ * unprepared, as `claimRuns` is (`claimUnprepared`).
+ */
+export async function claimLimitedRuns(
+  sql: Sql,
+  owner: string,
+  limit: number,
+  leaseMs: number,
+  hosted: HostedVersions,
+): Promise<ClaimedRun[]> {
+  return await claimUnprepared(sql, CLAIM_LIMITED_RUNS, owner, limit, leaseMs, hosted);
 }
 
 /** `group_next`'s `col` for the group an upsert of concurrency_slots proposed. */
