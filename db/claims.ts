@@ -40,17 +40,17 @@ export interface HostedVersions {
 
 /**
  * The CTE `claimed`: the rows of a CTE `picked` (whole `runs` rows, locked
- * by the statement) made `running` under `owner`'s lease, their attempt
- * counted. Through `updateThroughKey` (db/queue_sql.ts): each row is found
- * by a probe of the primary key whatever the plan.
+ * by the statement) made `running` under the lease of `$4` (the owner) for
+ * `$5` ms, their attempt counted. Through `updateThroughKey`
+ * (db/queue_sql.ts): each row is found by a probe of the primary key
+ * whatever the plan.
  */
-function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
-  return sql`claimed as (
-  ${sql.unsafe(updateThroughKey("runs", "tenant_id, run_id", "select * from picked"))}
+const CLAIMED_FROM_PICKED = `claimed as (
+  ${updateThroughKey("runs", "tenant_id, run_id", "select * from picked")}
      set status = 'running',
          attempts = runs.attempts + 1,
-         lease_owner = ${owner},
-         lease_expires_at = now() + ${leaseMs}::float8 * interval '1 millisecond',
+         lease_owner = $4::text,
+         lease_expires_at = now() + $5::float8 * interval '1 millisecond',
          started_at = coalesce(runs.started_at, now()),
          updated_at = now(),
          event_seq = runs.event_seq + 1
@@ -60,19 +60,43 @@ function claimedFromPicked(sql: Sql, owner: string, leaseMs: number) {
             runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
             runs.traceparent, runs.concurrency_key, runs.lease_owner
 )`;
-}
 
 /** Each claimed run's `run.started` event `{attempt, worker}`, then the claimed runs. */
-function startedEventsOfClaimed(sql: Sql) {
-  return sql`ev as (
-  insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
+const STARTED_EVENTS_OF_CLAIMED = `ev as (
+  insert into work_events (${EVENT_COLUMNS})
   select tenant_id, run_id, event_seq, 'run.started', goal_id, dispatch_key,
-         ${sql.unsafe(STARTED)}, now()
+         ${STARTED}, now()
     from claimed
 )
 select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
        dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
   from claimed`;
+
+/**
+ * Runs a claim statement (`$1` hosted names, `$2` their versions, `$3` the
+ * limit, `$4` the owner, `$5` the lease in ms) unnamed, never prepared:
+ * Postgres plans the unnamed statement with the values bound each time (a
+ * custom plan), where a prepared one may switch to its generic plan after
+ * five calls. The generic plan of a claim reads what the custom one reads,
+ * but without the limit and the hosted versions its estimate is 10 to 2,000
+ * times higher (the priority walk's recursion is guessed at hundreds of rows
+ * a lane), which is what the planner compares against, and what JIT
+ * compiles for (db/pool.ts). The cost: a Parse and a Describe per call, one
+ * more round trip than a prepared statement's.
+ */
+async function claimUnprepared(
+  sql: Sql,
+  text: string,
+  owner: string,
+  limit: number,
+  leaseMs: number,
+  hosted: HostedVersions,
+): Promise<ClaimedRun[]> {
+  return await sql.unsafe<ClaimedRun[]>(
+    text,
+    [hosted.names, hosted.versions, limit, owner, leaseMs],
+    { prepare: false },
+  );
 }
 
 // The locked lanes' rows, by their key (db/queue_sql.ts updateThroughKey).
@@ -87,12 +111,153 @@ const GROUPS_SERVED = updateThroughKey(
   "select tenant_id, workflow_name, concurrency_key, 1 from group_next order by 1, 2, 3",
 );
 
-// The priorities a run may have (migration 011), highest first: a lane's or
-// group's queued runs are one index range per priority, in run_after order,
-// so "its due runs" and "its next run" are one short probe per priority
-// whatever waits behind them (not-due runs of a higher priority are never
-// read past).
-const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
+/**
+ * A recursive CTE `name (…keys, priority)`: for each row of `from` (whose
+ * columns `keys` name a lane or group), the priorities its queued runs have,
+ * highest first, then a last row whose priority is null. A loose scan of an
+ * index in `priority desc` order: one probe per priority held, plus one, so
+ * a lane or group pays for the priorities it uses (most use one), not for
+ * the 21 a run may have (migration 011). `match` is the condition on `r`
+ * (a runs row) for the row `x` of the CTE; its `priority` is `x.priority`.
+ * The caller's WITH must be `with recursive`.
+ */
+function priorityWalk(name: string, from: string, keys: string, match: string): string {
+  const cols = keys.split(",").map((k) => k.trim());
+  const of = (alias: string) => cols.map((c) => `${alias}.${c}`).join(", ");
+  const probe = (alias: string, below: string) =>
+    `(select r.priority from runs r
+       where ${match.replaceAll("x.", `${alias}.`)}${below}
+       order by r.priority desc limit 1)`;
+  return `${name} (${keys}, priority) as (
+    select ${of("s")}, ${probe("s", "")} from ${from} s
+    union all
+    select ${of("w")}, ${probe("w", " and r.priority < w.priority")}
+      from ${name} w where w.priority is not null
+  )`;
+}
+
+// A lane's queued runs (x: a row with its tenant_id, workflow_name and
+// workflow_version): one range of runs_queued_workflow_idx.
+const LANE_RUNS = `r.tenant_id collate "C" = x.tenant_id and r.status = 'queued'
+       and r.workflow_name = x.workflow_name and r.workflow_version = x.workflow_version`;
+
+// A group's queued runs (x: a row with its tenant_id, workflow_name and
+// concurrency_key): one range of runs_queued_key_idx.
+const GROUP_RUNS = `r.tenant_id collate "C" = x.tenant_id and r.workflow_name = x.workflow_name
+       and r.concurrency_key = x.concurrency_key and r.status = 'queued'
+       and r.concurrency_key is not null`;
+
+const LANE_PRIORITIES = priorityWalk(
+  "lane_priorities",
+  "shares",
+  "tenant_id, workflow_name, workflow_version",
+  LANE_RUNS,
+);
+
+const GROUP_PRIORITIES = priorityWalk(
+  "group_priorities",
+  "groups",
+  "tenant_id, workflow_name, concurrency_key",
+  GROUP_RUNS,
+);
+
+// The statement of `claimRuns` (its parameters: `claimUnprepared`).
+const CLAIM_RUNS = `
+    with recursive versions (name, version) as (
+      select * from unnest($1::text[], $2::int[])
+    ),
+    -- The due lanes, least recently served first: per hosted version one
+    -- range of queue_lanes_ready_idx, then the first of those. Not locked:
+    -- claims of several workers share a lane's runs (each skips the rows
+    -- the others hold).
+    lanes as materialized (
+      select l.*
+        from versions v
+       cross join lateral (
+             select q.tenant_id, q.workflow_name, q.workflow_version, q.ready_at,
+                    q.ctid as seen
+               from queue_lanes q
+              where q.workflow_name = v.name and q.workflow_version = v.version
+                and q.ready_at <= now()
+              order by q.ready_at
+              limit $3::int) l
+       order by l.ready_at, l.tenant_id
+       limit $3::int
+    ),
+    -- The slots, round-robin over those lanes.
+    shares as (
+      select tenant_id, workflow_name, workflow_version, seen, count(*)::int as share
+        from (select l.* from lanes l
+               cross join generate_series(1, $3::int) k
+               order by k, l.ready_at, l.tenant_id
+               limit $3::int) slot
+       group by 1, 2, 3, 4
+    ),
+    -- The priorities each lane holds queued runs at (priorityWalk).
+    ${LANE_PRIORITIES},
+    -- Each lane's share of due runs, highest priority then oldest: one range
+    -- of runs_queued_workflow_idx per priority it holds. A row locked here
+    -- but not among the share is unlocked when the statement commits.
+    picked as (
+      select c.*
+        from shares s
+       cross join lateral (
+             select o.* from lane_priorities p
+              cross join lateral (
+                    select r.* from runs r
+                     where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
+                       and r.workflow_name = s.workflow_name
+                       and r.workflow_version = s.workflow_version
+                       and r.priority = p.priority and r.run_after <= now()
+                     order by r.run_after
+                     limit s.share
+                     for update skip locked) o
+              where p.tenant_id = s.tenant_id and p.workflow_name = s.workflow_name
+                and p.workflow_version = s.workflow_version
+              order by o.priority desc, o.run_after
+              limit s.share) c
+    ),
+    ${CLAIMED_FROM_PICKED},
+    -- Each lane's new place in line: its next queued run's run_after, now()
+    -- (the back of the line) if that is due, 'infinity' when none is queued.
+    -- Looked up even when the lane gave its whole share: a lane assumed to
+    -- have more would be left looking due with nothing in it, and every
+    -- claim after would visit it once before any lane served after it.
+    lane_next as (
+      select s.seen,
+             greatest(now(), coalesce((
+                         select min(x.run_after) from lane_priorities p
+                          cross join lateral (
+                                select r.run_after from runs r
+                                 where r.tenant_id collate "C" = s.tenant_id
+                                   and r.status = 'queued'
+                                   and r.workflow_name = s.workflow_name
+                                   and r.workflow_version = s.workflow_version
+                                   and r.priority = p.priority
+                                   and not exists (select 1 from claimed c
+                                                    where c.tenant_id = r.tenant_id
+                                                      and c.run_id = r.run_id)
+                                 order by r.run_after
+                                 limit 1) x
+                          where p.tenant_id = s.tenant_id and p.workflow_name = s.workflow_name
+                            and p.workflow_version = s.workflow_version), 'infinity')) as ready_at
+        from shares s
+    ),
+    -- Only the lanes still as this statement's snapshot saw them, and not
+    -- held by another statement: see the function's comment.
+    lane_locks as (
+      select q.tenant_id, q.workflow_name, q.workflow_version, n.ready_at
+        from lane_next n
+       cross join lateral (
+             select q.tenant_id, q.workflow_name, q.workflow_version
+               from queue_lanes q where q.ctid = n.seen
+                for update skip locked) q
+    ),
+    lanes_pushed as (
+      ${LANES_PUSHED}
+         set ready_at = excluded.ready_at
+    ),
+    ${STARTED_EVENTS_OF_CLAIMED}`;
 
 /**
  * Claims up to `limit` due queued runs of the `hosted` versions (none with a
@@ -122,9 +287,11 @@ const PRIORITIES = "generate_series(10, -10, -1) p(priority)";
  * waits for this lock and lowers the lane again (db/queue_sql.ts
  * `laneMoves`). So no due run is left behind a lane pushed to tomorrow.
  *
- * The cost: one probe per hosted version, one row per lane served, two probes
- * per priority of each lane served (its share, then its next run) and one per
- * claimed run; tenants, lanes and runs that are not due are never read.
+ * The cost: one probe per hosted version, one row per lane served, three
+ * probes per priority each lane served holds, plus one (which priorities it
+ * holds: priorityWalk; its share; its next run), and one per claimed run;
+ * tenants, lanes and runs that are not due are never read. Sent unprepared,
+ * so always planned for its limit and hosted versions (`claimUnprepared`).
  */
 export async function claimRuns(
   sql: Sql,
@@ -133,130 +300,13 @@ export async function claimRuns(
   leaseMs: number,
   hosted: HostedVersions,
 ): Promise<ClaimedRun[]> {
-  return await sql<ClaimedRun[]>`
-    with versions (name, version) as (
-      select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
-    ),
-    -- The due lanes, least recently served first: per hosted version one
-    -- range of queue_lanes_ready_idx, then the first of those. Not locked:
-    -- claims of several workers share a lane's runs (each skips the rows
-    -- the others hold).
-    lanes as materialized (
-      select l.*
-        from versions v
-       cross join lateral (
-             select q.tenant_id, q.workflow_name, q.workflow_version, q.ready_at,
-                    q.ctid as seen
-               from queue_lanes q
-              where q.workflow_name = v.name and q.workflow_version = v.version
-                and q.ready_at <= now()
-              order by q.ready_at
-              limit ${limit}) l
-       order by l.ready_at, l.tenant_id
-       limit ${limit}
-    ),
-    -- The slots, round-robin over those lanes.
-    shares as (
-      select tenant_id, workflow_name, workflow_version, seen, count(*)::int as share
-        from (select l.* from lanes l
-               cross join generate_series(1, ${limit}::int) k
-               order by k, l.ready_at, l.tenant_id
-               limit ${limit}) slot
-       group by 1, 2, 3, 4
-    ),
-    -- Each lane's share of due runs, highest priority then oldest: one range
-    -- of runs_queued_workflow_idx per priority. A row locked here but not
-    -- among the share is unlocked when the statement commits.
-    picked as (
-      select c.*
-        from shares s
-       cross join lateral (
-             select o.* from ${sql.unsafe(PRIORITIES)}
-              cross join lateral (
-                    select r.* from runs r
-                     where r.tenant_id collate "C" = s.tenant_id and r.status = 'queued'
-                       and r.workflow_name = s.workflow_name
-                       and r.workflow_version = s.workflow_version
-                       and r.priority = p.priority and r.run_after <= now()
-                     order by r.run_after
-                     limit s.share
-                     for update skip locked) o
-              order by o.priority desc, o.run_after
-              limit s.share) c
-    ),
-    ${claimedFromPicked(sql, owner, leaseMs)},
-    -- Each lane's new place in line: its next queued run's run_after, now()
-    -- (the back of the line) if that is due, 'infinity' when none is queued.
-    -- Looked up even when the lane gave its whole share: a lane assumed to
-    -- have more would be left looking due with nothing in it, and every
-    -- claim after would visit it once before any lane served after it.
-    lane_next as (
-      select s.seen,
-             greatest(now(), coalesce((
-                         select min(x.run_after) from ${sql.unsafe(PRIORITIES)}
-                          cross join lateral (
-                                select r.run_after from runs r
-                                 where r.tenant_id collate "C" = s.tenant_id
-                                   and r.status = 'queued'
-                                   and r.workflow_name = s.workflow_name
-                                   and r.workflow_version = s.workflow_version
-                                   and r.priority = p.priority
-                                   and not exists (select 1 from claimed c
-                                                    where c.tenant_id = r.tenant_id
-                                                      and c.run_id = r.run_id)
-                                 order by r.run_after
-                                 limit 1) x), 'infinity')) as ready_at
-        from shares s
-    ),
-    -- Only the lanes still as this statement's snapshot saw them, and not
-    -- held by another statement: see the function's comment.
-    lane_locks as (
-      select q.tenant_id, q.workflow_name, q.workflow_version, n.ready_at
-        from lane_next n
-       cross join lateral (
-             select q.tenant_id, q.workflow_name, q.workflow_version
-               from queue_lanes q where q.ctid = n.seen
-                for update skip locked) q
-    ),
-    lanes_pushed as (
-      ${sql.unsafe(LANES_PUSHED)}
-         set ready_at = excluded.ready_at
-    ),
-    ${startedEventsOfClaimed(sql)}`;
+  return await claimUnprepared(sql, CLAIM_RUNS, owner, limit, leaseMs, hosted);
 }
 
-/**
- * Claims up to `limit` due queued runs of the `hosted` versions that declare
- * a concurrency limit (migration 011), never more running at once per
- * concurrency group (tenant, workflow, key) than the group's limit, however
- * many workers claim and whatever their statements' snapshots: a group is
- * claimed from only while this statement holds its `concurrency_slots` row
- * (`FOR UPDATE SKIP LOCKED`), its room is read from that newest row, and the
- * row's counts move in the same statement as the runs.
- *
- * Who has due work: the groups with room and queued runs whose `due_at`
- * (migration 016, never later than their earliest queued run) has come, per
- * hosted workflow one range of `concurrency_slots_due_idx` in due order, the
- * first `limit` of them. The slots go round those groups (one run of each,
- * then a second of each, ...), a group starting its runs highest priority
- * first, then oldest. Each group looked at goes to the back of the line
- * (`due_at = now()`) while a due run is left, else to its next run's
- * run_after ('infinity' when none is queued); a group whose row changed
- * since this statement's snapshot (a run queued that the snapshot cannot
- * see) goes to now(), never later. Groups whose runs are not due, full
- * groups and their backlogs are never read. Fair across groups, not
- * tenants: a tenant with more due groups gets more of the slots.
- */
-export async function claimLimitedRuns(
-  sql: Sql,
-  owner: string,
-  limit: number,
-  leaseMs: number,
-  hosted: HostedVersions,
-): Promise<ClaimedRun[]> {
-  return await sql<ClaimedRun[]>`
-    with versions (name, version) as (
-      select * from unnest(${hosted.names}::text[], ${hosted.versions}::int[])
+// The statement of `claimLimitedRuns` (its parameters: `claimUnprepared`).
+const CLAIM_LIMITED_RUNS = `
+    with recursive versions (name, version) as (
+      select * from unnest($1::text[], $2::int[])
     ),
     names as (select distinct name from versions),
     -- The due groups with room, least recently served first, each held for
@@ -271,10 +321,10 @@ export async function claimLimitedRuns(
               where s.workflow_name = n.name and s.queued > 0 and s.running < s.max_running
                 and s.due_at <= now()
               order by s.due_at
-              limit ${limit}
+              limit $3::int
                 for update skip locked) g
        order by g.due_at, g.tenant_id, g.concurrency_key
-       limit ${limit}
+       limit $3::int
     ),
     -- Each group's next runs (at most its room), highest priority then
     -- oldest, of the versions this worker hosts; then one per group in turn.
@@ -297,19 +347,21 @@ export async function claimLimitedRuns(
     picked as (
       select (c.r).*
         from (select * from candidates order by nth, due_at, tenant_id, concurrency_key
-               limit ${limit}) c
+               limit $3::int) c
     ),
-    ${claimedFromPicked(sql, owner, leaseMs)},
+    ${CLAIMED_FROM_PICKED},
+    -- The priorities each group looked at holds queued runs at (priorityWalk).
+    ${GROUP_PRIORITIES},
     -- Per group looked at: the runs it started and its new due time. Its
     -- next queued run (of any version: another worker may host it) is one
-    -- probe per priority of runs_queued_key_idx.
+    -- probe of runs_queued_key_idx per priority it holds.
     group_next as (
       select g.tenant_id, g.workflow_name, g.concurrency_key,
              coalesce(n.taken, 0) as taken,
              case when not exists (select 1 from concurrency_slots x where x.ctid = g.at)
                   then now()
                   else greatest(now(), coalesce((
-                         select min(y.run_after) from ${sql.unsafe(PRIORITIES)}
+                         select min(y.run_after) from group_priorities p
                           cross join lateral (
                                 select r.run_after from runs r
                                  where r.tenant_id collate "C" = g.tenant_id
@@ -321,7 +373,9 @@ export async function claimLimitedRuns(
                                                     where c.tenant_id = r.tenant_id
                                                       and c.run_id = r.run_id)
                                  order by r.run_after
-                                 limit 1) y), 'infinity')) end as due_at
+                                 limit 1) y
+                          where p.tenant_id = g.tenant_id and p.workflow_name = g.workflow_name
+                            and p.concurrency_key = g.concurrency_key), 'infinity')) end as due_at
         from groups g
         left join (select tenant_id, workflow_name, concurrency_key, count(*)::int as taken
                      from claimed group by 1, 2, 3) n
@@ -331,13 +385,45 @@ export async function claimLimitedRuns(
     -- Moves each group's counts and due time, on the newest version (the one
     -- locked, maybe newer than the snapshot): updateThroughKey.
     served_groups as (
-      ${sql.unsafe(GROUPS_SERVED)}
-         set running = concurrency_slots.running + (${sql.unsafe(groupNext("taken"))}),
-             queued = concurrency_slots.queued - (${sql.unsafe(groupNext("taken"))}),
-             due_at = (${sql.unsafe(groupNext("due_at"))}),
+      ${GROUPS_SERVED}
+         set running = concurrency_slots.running + (${groupNext("taken")}),
+             queued = concurrency_slots.queued - (${groupNext("taken")}),
+             due_at = (${groupNext("due_at")}),
              served_at = now()
     ),
-    ${startedEventsOfClaimed(sql)}`;
+    ${STARTED_EVENTS_OF_CLAIMED}`;
+
+/**
+ * Claims up to `limit` due queued runs of the `hosted` versions that declare
+ * a concurrency limit (migration 011), never more running at once per
+ * concurrency group (tenant, workflow, key) than the group's limit, however
+ * many workers claim and whatever their statements' snapshots: a group is
+ * claimed from only while this statement holds its `concurrency_slots` row
+ * (`FOR UPDATE SKIP LOCKED`), its room is read from that newest row, and the
+ * row's counts move in the same statement as the runs.
+ *
+ * Who has due work: the groups with room and queued runs whose `due_at`
+ * (migration 016, never later than their earliest queued run) has come, per
+ * hosted workflow one range of `concurrency_slots_due_idx` in due order, the
+ * first `limit` of them. The slots go round those groups (one run of each,
+ * then a second of each, ...), a group starting its runs highest priority
+ * first, then oldest. Each group looked at goes to the back of the line
+ * (`due_at = now()`) while a due run is left, else to its next run's
+ * run_after ('infinity' when none is queued); a group whose row changed
+ * since this statement's snapshot (a run queued that the snapshot cannot
+ * see) goes to now(), never later. Groups whose runs are not due, full
+ * groups and their backlogs are never read. Fair across groups, not
+ * tenants: a tenant with more due groups gets more of the slots. Sent
+ * unprepared, as `claimRuns` is (`claimUnprepared`).
+ */
+export async function claimLimitedRuns(
+  sql: Sql,
+  owner: string,
+  limit: number,
+  leaseMs: number,
+  hosted: HostedVersions,
+): Promise<ClaimedRun[]> {
+  return await claimUnprepared(sql, CLAIM_LIMITED_RUNS, owner, limit, leaseMs, hosted);
 }
 
 /** `group_next`'s `col` for the group an upsert of concurrency_slots proposed. */

@@ -30,7 +30,17 @@ export async function inTransaction<T>(sql: Sql, fn: (tx: Sql) => Promise<T>): P
   return await sql.begin((tx) => fn(tx as unknown as Sql)) as T;
 }
 
-/** Opens a lazily connecting pool. */
+/**
+ * Opens a lazily connecting pool. Its sessions start with JIT off (a
+ * startup parameter: no round trip). Every statement of ours is a few index
+ * probes that run in milliseconds, but JIT compiles a statement whose
+ * estimated cost passes `jit_above_cost` (100,000 by default), and the
+ * estimates of a claim are far above what it reads: a claim of 128 runs,
+ * estimated at 160,000-200,000, ran 90-140 ms of which JIT took 50-95, and
+ * its generic plan (estimated at 143,000 with no statistics, 23 million
+ * analyzed) 100 ms to 1 s for a 2 ms execution (docs/architecture.md, the
+ * claim).
+ */
 export function createPool(opts: PoolOptions): Sql {
   return postgres(opts.url, {
     max: opts.max,
@@ -38,7 +48,7 @@ export function createPool(opts: PoolOptions): Sql {
     connect_timeout: 5,
     max_lifetime: 30 * 60,
     onnotice: () => {},
-    connection: { application_name: opts.applicationName },
+    connection: { application_name: opts.applicationName, jit: "off" },
   });
 }
 

@@ -137,6 +137,53 @@ Deno.test("claims: a claim over 1,000 tenants with not-due runs and 1,000 not-du
   });
 });
 
+/** Index probes of `runs` in a plan: the loops of its index scans. */
+function runsProbes(plan: PlanNode): number {
+  let loops = 0;
+  const walk = (node: PlanNode) => {
+    const n = node as PlanNode & Record<string, number>;
+    if (node["Relation Name"] === "runs" && String(node["Node Type"]).includes("Index")) {
+      loops += n["Actual Loops"] ?? 1;
+    }
+    for (const c of node.Plans ?? []) walk(c);
+  };
+  walk(plan);
+  return loops;
+}
+
+Deno.test("claims: a lane or group pays index probes for the priorities its runs hold, not for all 21 a run may have", async () => {
+  await withDb(async (db) => {
+    await tenants(db.sql, "p", 16);
+    const runs: NewRun[] = [];
+    for (let t = 1; t <= 16; t++) {
+      runs.push(run(`p${t}`), run(`p${t}`), run(`p${t}`, { key: `k${t}` }));
+      runs.push(run(`p${t}`, { key: `k${t}` }));
+    }
+    await insertRuns(db.sql, runs);
+    for (
+      const [name, call] of [
+        ["claimRuns", (sql: Sql) => claimRuns(sql, "w", 16, LEASE_MS, ECHO)],
+        ["claimLimitedRuns", (sql: Sql) => claimLimitedRuns(sql, "w", 16, LEASE_MS, KEYED)],
+      ] as const
+    ) {
+      const spy = capturingPool(db.url);
+      try {
+        const [stmt] = await spy.capture(call);
+        const { plan, result } = await explainAnalyze(db.sql, stmt);
+        assert.equal(result, 16, `${name} claims one run of each of 16 lanes or groups`);
+        // Per lane or group of one priority: two probes find its priorities,
+        // one its share (or its next runs), one its next run; one more per
+        // claimed run (its row by key). One probe per possible priority
+        // (21) would be well over 300.
+        const probes = runsProbes(plan);
+        assert.ok(probes <= 16 * 6, `${name}: ${probes} index probes of runs for 16 lanes`);
+      } finally {
+        await spy.sql.end();
+      }
+    }
+  });
+});
+
 Deno.test("claims: a due group behind 1,000 not-due groups, and a due tenant behind 1,000 not-due tenants, are taken by the first claim", async () => {
   await withDb(async (db) => {
     await notDue(db.sql, 1_000);

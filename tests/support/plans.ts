@@ -147,6 +147,8 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimRuns",
       call: (sql) => claimRuns(sql, "plan-test", 16, lease, BUILTIN_HOSTED),
+      // Sent unprepared (db/claims.ts claimUnprepared): no generic plan.
+      modes: ["force_custom_plan"],
       indexes: {
         runs: ["runs_queued_workflow_idx"],
         queue_lanes: ["queue_lanes_ready_idx", "Tid Scan"],
@@ -155,6 +157,7 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: claimLimitedRuns",
       call: (sql) => claimLimitedRuns(sql, "plan-test", 16, lease, LIMITED_HOSTED),
+      modes: ["force_custom_plan"],
       indexes: {
         runs: ["runs_queued_key_idx"],
         concurrency_slots: ["concurrency_slots_due_idx", "Tid Scan"],

@@ -82,6 +82,7 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
     , result = new Result()
     , incoming = Buffer.alloc(0)
     , needsTypes = options.fetch_types
+    , fetchingTypes = false // poimen patch 9: see fetchArrayTypes()
     , backendParameters = {}
     , statements = {}
     , statementId = Math.random().toString(36).slice(2)
@@ -589,6 +590,10 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
     connectTimer.cancel()
 
     if (initial) {
+      // poimen patch 9: the session's first statement runs once the array
+      // types are known (fetchArrayTypes), not in this turn.
+      if (fetchingTypes)
+        return
       if (target_session_attrs) {
         if (!backendParameters.in_hot_standby || !backendParameters.default_transaction_read_only)
           return fetchState()
@@ -807,15 +812,36 @@ function Connection(options, queues = {}, { onopen = noop, onend = noop, onclose
 
   async function fetchArrayTypes() {
     needsTypes = false
-    const types = await new Query([`
-      select b.oid, b.typarray
-      from pg_catalog.pg_type a
-      left join pg_catalog.pg_type b on b.oid = a.typelem
-      where a.typcategory = 'A'
-      group by b.oid, b.typarray
-      order by b.oid
-    `], [], execute)
-    types.forEach(({ oid, typarray }) => addArrayType(oid, typarray))
+    // poimen patch 9: the types query settles in ReadyForQuery, which then
+    // executed the session's first statement at once, before this function
+    // resumed to add the array serializers. A statement over 1 KB is written
+    // at once, and its ParameterDescription could arrive (Deno's eager reads)
+    // before they were added: its Bind sent an array as '' + x, and Postgres
+    // answered 22P02 `malformed array literal` (about one first statement in
+    // ten). So the first statement waits for the types, which, or the
+    // query's failure, come first.
+    fetchingTypes = true
+    try {
+      const types = await new Query([`
+        select b.oid, b.typarray
+        from pg_catalog.pg_type a
+        left join pg_catalog.pg_type b on b.oid = a.typelem
+        where a.typcategory = 'A'
+        group by b.oid, b.typarray
+        order by b.oid
+      `], [], execute)
+      types.forEach(({ oid, typarray }) => addArrayType(oid, typarray))
+    } finally {
+      fetchingTypes = false
+      // Not when the session failed meanwhile: errored() settled `initial`,
+      // or closed() keeps it for the next session (no socket now).
+      if (initial && socket) {
+        const first = initial
+        initial = null
+        options.shared.retries = retries = 0
+        first.reserve || execute(first)
+      }
+    }
   }
 
   function addArrayType(oid, typarray) {
