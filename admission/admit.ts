@@ -234,7 +234,7 @@ export class Admission {
         }],
       });
     }
-    const debounced = {
+    const burst = {
       ...run,
       debounce_key: keyOf(wf, req.input, debounce.key, "debounce"),
       period_ms: debounce.period,
@@ -244,10 +244,16 @@ export class Admission {
       try {
         const { i: _, created, same_body, debounced: joined, ...row } = await admitDebounced(
           this.#sql,
-          debounced,
+          burst,
         );
         if (created) this.#hooks.onCreated?.(1);
-        return { run: row, created, sameBody: same_body, debounced: joined };
+        // A replay is a replay: it says nothing of debounce.
+        return {
+          run: row,
+          created,
+          sameBody: same_body,
+          debounced: created || joined ? joined : undefined,
+        };
       } catch (err) {
         // Its dispatch key taken after the statement's snapshot: run it again to see the holder.
         if ((err as { code?: string }).code !== "23505" || round >= DEBOUNCE_ROUNDS) throw err;

@@ -255,6 +255,11 @@ export const Run = z.object({
   root_run_id: z.uuid().nullable().describe(
     "The root of its tree of runs; null for a run a caller admitted (a root itself)",
   ),
+  debounced: z.boolean().optional().describe(
+    "Only on an admission's answer for a debounced workflow: true when the request joined the " +
+      "pending run of its debounce key (200: the run's input replaced, its start moved), false " +
+      "when it made the run (201); absent on a replay (docs/workflows.md#debounce)",
+  ),
   schedule_id: z.string().optional().describe(
     "Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule",
   ),
