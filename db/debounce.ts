@@ -12,7 +12,7 @@ import type { JSONValue, Sql } from "./pool.ts";
 import { runColumns } from "./runs.ts";
 import { EVENT_COLUMNS, laneMoves } from "./queue_sql.ts";
 import { admittedPayload } from "./event_payloads.ts";
-import { type AdmittedRow, holderOf, type NewRun, SAME_BODY } from "./admission.ts";
+import { type AdmittedRow, HOLDER, type NewRun, SAME_BODY } from "./admission.ts";
 
 const ADMITTED_LANES = laneMoves("created", "run_after");
 const ADMITTED = admittedPayload({
@@ -67,7 +67,7 @@ export async function admitDebounced(sql: Sql, run: DebouncedRun): Promise<Debou
     ),
     held as (
       select ${sql.unsafe(runColumns("r"))}, ${sql.unsafe(SAME_BODY)} as same_body
-        from q cross join lateral (${holderOf(sql)}) r
+        from q cross join lateral (${sql.unsafe(HOLDER)}) r
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name,
