@@ -120,8 +120,9 @@ export class WorkerPresence implements Service {
         throw new PoimenError(
           "workflow-conflict",
           `worker: workflow ${conflict.name}@${conflict.version} is already registered ` +
-            `with another definition (input or output schema, maxAttempts, concurrency or tenants); a ` +
-            `registered version never changes: give the new definition a new version`,
+            `with another definition (input or output schema, maxAttempts, concurrency, ` +
+            `debounce or tenants); a registered version never changes: give the new ` +
+            `definition a new version`,
         );
       }
       for (const r of found.filter((r) => r.created)) {
