@@ -21,6 +21,7 @@ import { insertTenant, insertToken } from "../db/auth.ts";
 import type { RunBatchResult } from "../contracts/run_batch.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { defineWorkflow } from "../workflows/define.ts";
+import { PoimenClient } from "../client/http.ts";
 
 const digest = defineWorkflow({
   name: "notify.digest",
@@ -108,6 +109,18 @@ Deno.test("debounce over HTTP: created, joined, replayed and batched answers", a
 
     const metrics = await registry.getSingleMetricAsString("poimen_admissions_total");
     assert.match(metrics, /outcome="debounced"\} 3/);
+
+    // The typed client (a key of its own per call): made, then joined, never "created" twice.
+    const poimen = new PoimenClient({
+      url: "http://poimen.test",
+      token: tok,
+      fetch: (input, init) => Promise.resolve(app.request(input as string, init)),
+    });
+    const made2 = await poimen.start(digest, { customer_id: "c3", n: 1 });
+    const joined2 = await poimen.start(digest, { customer_id: "c3", n: 2 });
+    assert.deepEqual([made2.created, made2.replayed, made2.debounced], [true, false, false]);
+    assert.deepEqual([joined2.created, joined2.replayed, joined2.debounced], [false, false, true]);
+    assert.equal(joined2.runId, made2.runId);
   } finally {
     await db.drop();
   }
