@@ -12,6 +12,7 @@ import { StaticCatalog } from "../admission/catalog.ts";
 import { PoimenError } from "../core/errors.ts";
 import { insertTenant } from "../db/auth.ts";
 import { claimRuns } from "../db/claims.ts";
+import { admitDebounced, type DebouncedRow } from "../db/debounce.ts";
 import type { Sql } from "../db/pool.ts";
 import { builtinRegistry } from "../workflows/builtin.ts";
 import { defineWorkflow } from "../workflows/define.ts";
@@ -184,6 +185,72 @@ Deno.test("debounce: 20 concurrent requests for one key make one run", async () 
     assert.equal(results.filter((r) => r.created).length, 1);
     assert.equal(results.filter((r) => r.debounced).length, 19);
     const runs = await stored(db.sql, "deb-race", "notify.digest");
+    assert.equal(runs.length, 1);
+    assert.equal(runs[0].events, 1);
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("debounce: requests racing an uncommitted run wait for it, then join it (its debounce key) or replay it (its dispatch key)", async () => {
+  const { db, admission } = await setUp(["deb-race-key"]);
+  const tenant = "deb-race-key";
+  const req = (customer: string, n: number, dispatch_key?: string) =>
+    admission.admit(
+      { workflow_ref: "notify.digest", input: { customer_id: customer, n }, dispatch_key },
+      CTX(tenant),
+    );
+  try {
+    // The first request's statement, in a transaction held open: the others
+    // reach the unique indexes while its run is not committed.
+    let commit!: () => void;
+    const committed = new Promise<void>((resolve) => commit = resolve);
+    let first!: DebouncedRow;
+    const held = db.sql.begin(async (tx) => {
+      first = await admitDebounced(tx as unknown as Sql, {
+        tenant_id: tenant,
+        run_id: crypto.randomUUID(),
+        workflow_ref: "notify.digest",
+        workflow_name: "notify.digest",
+        workflow_version: 1,
+        input: { customer_id: "c1", n: 0 },
+        goal_id: null,
+        dispatch_key: "k1",
+        source: "test",
+        max_attempts: 3,
+        run_after: null,
+        debounce_key: "c1",
+        period_ms: PERIOD,
+        max_wait_ms: MAX_WAIT,
+      });
+      await committed;
+    });
+    await waitFor("the first request's run inserted", () => first !== undefined);
+    // Same debounce key: they wait on the pending index, then join.
+    const joiners = [1, 2, 3].map((n) => req("c1", n));
+    // Same dispatch key, another customer: a unique violation, run again: a replay.
+    const replays = [4, 5].map((n) => req(`other-${n}`, n, "k1"));
+    await waitFor("five requests waiting on the first's locks", async () => {
+      const [{ n }] = await db.sql<{ n: number }[]>`
+        select count(*)::int as n from pg_stat_activity
+         where datname = current_database() and wait_event_type = 'Lock'`;
+      return n >= 5;
+    });
+    commit();
+    await held;
+    const joined = await Promise.all(joiners);
+    const replayed = await Promise.all(replays);
+    for (const r of [...joined, ...replayed]) assert.equal(r.run.run_id, first.run_id);
+    assert.deepEqual(joined.map((r) => [r.created, r.debounced]), [
+      [false, true],
+      [false, true],
+      [false, true],
+    ]);
+    assert.deepEqual(replayed.map((r) => [r.created, r.debounced]), [
+      [false, undefined],
+      [false, undefined],
+    ]);
+    const runs = await stored(db.sql, tenant, "notify.digest");
     assert.equal(runs.length, 1);
     assert.equal(runs[0].events, 1);
   } finally {
