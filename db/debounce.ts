@@ -41,14 +41,17 @@ export interface DebouncedRow extends AdmittedRow {
 
 /**
  * Admits `run` of a debounced version; one row. A replay (a run holds the
- * dispatch key in this statement's snapshot) returns that run untouched.
+ * dispatch key, or a request with it joined a run, in this statement's
+ * snapshot) returns that run untouched.
  * Otherwise the run is inserted, due `period` from now; when a pending run
  * (queued, never claimed) holds the debounce key, that run takes the
  * request's input instead, and its start moves to `period` from now, never
  * past `maxWait` after its creation and never earlier than it was (a lane's
  * or group's due time is a lower bound of its runs', migration 016: a start
  * that only moves later keeps it one). The joined run keeps its first
- * request's dispatch key, goal, priority, concurrency group and source.
+ * request's dispatch key, goal, priority, concurrency group and source; a
+ * joining request's own dispatch key is recorded (`debounce_joins`,
+ * migration 032), and a later request with it replays the run it joined.
  *
  * A run taking the dispatch key in a transaction that committed after this
  * statement's snapshot makes it fail with a unique violation: the caller
@@ -65,9 +68,17 @@ export async function admitDebounced(sql: Sql, run: DebouncedRun): Promise<Debou
         concurrency_limit integer, parent_run_id uuid, root_run_id uuid, debounce_key text,
         period_ms float8, max_wait_ms float8)
     ),
+    -- The run holding the dispatch key, or the one a request with it joined.
     held as (
       select ${sql.unsafe(runColumns("r"))}, ${sql.unsafe(SAME_BODY)} as same_body
-        from q cross join lateral (${sql.unsafe(HOLDER)}) r
+        from q cross join lateral (
+              select * from ((${sql.unsafe(HOLDER)})
+                             union all
+                             (select r.* from debounce_joins j
+                                join runs r on r.tenant_id = j.tenant_id and r.run_id = j.run_id
+                               where j.tenant_id = q.tenant_id and j.dispatch_key = q.dispatch_key
+                               limit 1)) h
+               limit 1) r
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name,
@@ -90,6 +101,15 @@ export async function admitDebounced(sql: Sql, run: DebouncedRun): Promise<Debou
       returning runs.*, runs.xmax = 0 as created
     ),
     created as (select * from ins where created),
+    -- A joining request's own key, so that sending it again is a replay. A
+    -- row left by a run retention deleted is taken over.
+    joins as (
+      insert into debounce_joins (tenant_id, dispatch_key, run_id)
+      select i.tenant_id, q.dispatch_key, i.run_id
+        from ins i cross join q
+       where not i.created and q.dispatch_key is not null
+      on conflict (tenant_id, dispatch_key) do update set run_id = excluded.run_id
+    ),
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, 1, 'run.admitted', goal_id, dispatch_key,

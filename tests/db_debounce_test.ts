@@ -258,7 +258,7 @@ Deno.test("debounce: requests racing an uncommitted run wait for it, then join i
   }
 });
 
-Deno.test("debounce: a dispatch key a run holds replays it, before and after it started, and moves nothing", async () => {
+Deno.test("debounce: a dispatch key a run holds, or that joined it, replays it, before and after it started, and moves nothing", async () => {
   const { db, admission } = await setUp(["deb-key"]);
   const hosted = registry.hostedByLimit().unlimited;
   try {
@@ -278,6 +278,10 @@ Deno.test("debounce: a dispatch key a run holds replays it, before and after it 
     assert.equal(replay.created, false);
     assert.equal(replay.debounced, undefined, "a replay says nothing of debounce");
     assert.equal(replay.sameBody, false);
+    // The key of a request that joined the run replays it too.
+    const joinedAgain = await req(3, "d2");
+    assert.equal(joinedAgain.run.run_id, a.run.run_id);
+    assert.deepEqual([joinedAgain.created, joinedAgain.debounced], [false, undefined]);
     const after = await stored(db.sql, "deb-key", "notify.digest");
     assert.deepEqual(after, before, "a replay replaces no input and moves no start");
     assert.deepEqual(after[0].input, { customer_id: "c1", n: 2 });
@@ -288,6 +292,7 @@ Deno.test("debounce: a dispatch key a run holds replays it, before and after it 
     const claimed = await claimRuns(db.sql, "deb-worker", 10, 60_000, hosted);
     assert.equal(claimed.length, 1);
     assert.equal((await req(4, "d1")).run.run_id, a.run.run_id);
+    assert.equal((await req(4, "d2")).run.run_id, a.run.run_id);
     const fresh = await req(5);
     assert.equal(fresh.created, true);
     assert.notEqual(fresh.run.run_id, a.run.run_id);

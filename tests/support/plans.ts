@@ -156,7 +156,8 @@ export function hotStatements(s: Sample): HotStatement[] {
         await admitDebounced(sql, debounced(batch[0]));
         await admitDebounced(sql, debounced(batch[9]));
       },
-      indexes: { runs: ["runs_dispatch_key_uq"] },
+      // The runs a request joined are read by their primary key.
+      indexes: { runs: ["runs_dispatch_key_uq", "runs_pkey"] },
     },
     {
       name: "admission: selectRunsByDispatchKey",
