@@ -122,7 +122,7 @@ export const RunRequest = z.strictObject({
       `(\`2030-01-01T09:00:00+01:00\` or \`…Z\`), at most ${MAX_RUN_AFTER_DAYS} days ahead; ` +
       `a year from ${MIN_RUN_AFTER_YEAR} on, an offset within ±${MAX_RUN_AFTER_OFFSET_HOURS}:59. ` +
       "A time in the past means now. A replay of the dispatch key returns the first run, " +
-      "whatever its run_after",
+      "whatever its run_after. Refused for a debounced workflow: its debounce sets the start",
   ),
   priority: z.number().int().min(MIN_PRIORITY).max(MAX_PRIORITY).nullable().optional().describe(
     `An integer from ${MIN_PRIORITY} to ${MAX_PRIORITY} (default 0): within the tenant, a ` +
