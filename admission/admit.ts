@@ -78,8 +78,10 @@ export interface AdmitResult {
   /** On a replay: whether the body equals the original's. Always true when created. */
   sameBody: boolean;
   /**
-   * true: the request joined the pending run of its debounce key (its input
-   * replaced, its start moved); `created` is then false, and it is no replay.
+   * A debounced version's run: true when the request joined the pending run
+   * of its debounce key (its input replaced, its start moved; `created`
+   * false, and no replay), false when it made the run. Unset on a replay and
+   * for a version without debounce.
    */
   debounced?: boolean;
 }
