@@ -22,11 +22,27 @@ import type { RunRequest } from "../contracts/runs.ts";
 import type { AdmissionVersion, WorkflowLookup } from "./catalog.ts";
 import { Batcher } from "../core/batcher.ts";
 import { formatPath } from "../contracts/json_value.ts";
-import { concurrencyKeyOf } from "../contracts/concurrency.ts";
+import { keyAtPointer } from "../contracts/concurrency.ts";
+import { admitDebounced } from "../db/debounce.ts";
 
 /** A JSON Pointer's segments, unescaped (`/a~1b/0` → `["a/b", "0"]`). */
 function pointerPath(pointer: string): string[] {
   return pointer.split("/").slice(1).map((s) => s.replaceAll("~1", "/").replaceAll("~0", "~"));
+}
+
+/** The key text of `input` at `pointer` for `wf`'s `what` key; a 422 naming the field when none. */
+function keyOf(
+  wf: AdmissionVersion,
+  input: unknown,
+  pointer: string | null,
+  what: "concurrency" | "debounce",
+): string {
+  const outcome = keyAtPointer(input, pointer, what);
+  if ("key" in outcome) return outcome.key;
+  const path = formatPath(["input", ...pointerPath(pointer ?? "")]);
+  throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
+    errors: [{ path, message: outcome.problem }],
+  });
 }
 
 /** What a caller asks for: the `POST /v1/runs` body, already schema-validated. */
@@ -61,6 +77,13 @@ export interface AdmitResult {
   created: boolean;
   /** On a replay: whether the body equals the original's. Always true when created. */
   sameBody: boolean;
+  /**
+   * A debounced version's run: true when the request joined the pending run
+   * of its debounce key (its input replaced, its start moved; `created`
+   * false, and no replay), false when it made the run. Unset on a replay and
+   * for a version without debounce.
+   */
+  debounced?: boolean;
 }
 
 export interface AdmissionHooks {
@@ -100,6 +123,9 @@ const SPARE_FLUSH_AFTER_MS = 10;
 // A key whose row vanished between the conflict and the follow-up select
 // (deleted meanwhile) is tried again; more than this many times is a bug.
 const MAX_ROUNDS = 5;
+// A debounced admission that lost a race for its dispatch key (a unique
+// violation) runs again, and then sees the holder; more than this is a bug.
+const DEBOUNCE_ROUNDS = 3;
 // An unknown workflow's problem names at most this many registered ones.
 const MAX_NAMED = 20;
 // The follow-up select after a committed insert: tried this often, waiting
@@ -164,38 +190,76 @@ export class Admission {
     }
     let group: { concurrency_key: string; concurrency_limit: number } | undefined;
     if (wf.concurrency) {
-      const outcome = concurrencyKeyOf(req.input, wf.concurrency.key);
-      if ("problem" in outcome) {
-        const path = formatPath(["input", ...pointerPath(wf.concurrency.key ?? "")]);
-        throw new PoimenError("validation", `input does not match ${wf.name}@${wf.version}`, {
-          errors: [{ path, message: outcome.problem }],
-        });
-      }
-      group = { concurrency_key: outcome.key, concurrency_limit: wf.concurrency.limit };
+      const key = keyOf(wf, req.input, wf.concurrency.key, "concurrency");
+      group = { concurrency_key: key, concurrency_limit: wf.concurrency.limit };
     }
+    const run: NewRun = {
+      tenant_id: ctx.tenantId,
+      run_id: newRunId(),
+      workflow_ref: req.workflow_ref,
+      workflow_name: wf.name,
+      workflow_version: wf.version,
+      // Stored as asked, not as parsed: the run replays the caller's input.
+      input: req.input ?? null,
+      goal_id: req.goal_id ?? null,
+      dispatch_key: req.dispatch_key ?? null,
+      source: ctx.source,
+      max_attempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
+      run_after: req.run_after ?? null,
+      traceparent: ctx.traceparent ?? null,
+      priority: req.priority ?? 0,
+      concurrency_key: group?.concurrency_key ?? null,
+      concurrency_limit: group?.concurrency_limit ?? null,
+      parent_run_id: ctx.parent?.run_id ?? null,
+      root_run_id: ctx.parent?.root_run_id ?? null,
+    };
     try {
-      return await this.#batcher.submit({
-        tenant_id: ctx.tenantId,
-        run_id: newRunId(),
-        workflow_ref: req.workflow_ref,
-        workflow_name: wf.name,
-        workflow_version: wf.version,
-        // Stored as asked, not as parsed: the run replays the caller's input.
-        input: req.input ?? null,
-        goal_id: req.goal_id ?? null,
-        dispatch_key: req.dispatch_key ?? null,
-        source: ctx.source,
-        max_attempts: wf.maxAttempts ?? this.#defaultMaxAttempts,
-        run_after: req.run_after ?? null,
-        traceparent: ctx.traceparent ?? null,
-        priority: req.priority ?? 0,
-        concurrency_key: group?.concurrency_key ?? null,
-        concurrency_limit: group?.concurrency_limit ?? null,
-        parent_run_id: ctx.parent?.run_id ?? null,
-        root_run_id: ctx.parent?.root_run_id ?? null,
-      });
+      if (wf.debounce) return await this.#debounced(run, wf, req);
+      return await this.#batcher.submit(run);
     } catch (err) {
       throw toDbError(err);
+    }
+  }
+
+  /**
+   * A run of a debounced version: one statement of its own (db/debounce.ts),
+   * never the batcher's, so other workflows' admissions cost what they did.
+   * Its start is the debounce's to set: a `run_after` is refused.
+   */
+  async #debounced(run: NewRun, wf: AdmissionVersion, req: AdmitRequest): Promise<AdmitResult> {
+    const debounce = wf.debounce!;
+    if (req.run_after != null) {
+      throw new PoimenError("validation", `${wf.name}@${wf.version} is debounced`, {
+        errors: [{
+          path: "run_after",
+          message: "is not allowed: the workflow is debounced, its debounce sets the start",
+        }],
+      });
+    }
+    const burst = {
+      ...run,
+      debounce_key: keyOf(wf, req.input, debounce.key, "debounce"),
+      period_ms: debounce.period,
+      max_wait_ms: debounce.maxWait,
+    };
+    for (let round = 1;; round++) {
+      try {
+        const { i: _, created, same_body, debounced: joined, ...row } = await admitDebounced(
+          this.#sql,
+          burst,
+        );
+        if (created) this.#hooks.onCreated?.(1);
+        // A replay is a replay: it says nothing of debounce.
+        return {
+          run: row,
+          created,
+          sameBody: same_body,
+          debounced: created || joined ? joined : undefined,
+        };
+      } catch (err) {
+        // Its dispatch key taken after the statement's snapshot: run it again to see the holder.
+        if ((err as { code?: string }).code !== "23505" || round >= DEBOUNCE_ROUNDS) throw err;
+      }
     }
   }
 

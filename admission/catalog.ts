@@ -37,6 +37,8 @@ export interface AdmissionVersion {
   maxAttempts: number | null;
   /** Its concurrency limit (workflows/concurrency.ts); null: not limited. */
   concurrency: { limit: number; key: string | null } | null;
+  /** Its debounce in milliseconds (contracts/debounce.ts); null: not debounced. */
+  debounce: { key: string | null; period: number; maxWait: number } | null;
   /** The tenants that may start it; null: every tenant. */
   tenants: TenantScope | null;
   /** The input's failing fields (paths under `input`), or undefined when it is valid. */
@@ -91,6 +93,9 @@ export function compileVersion(v: CatalogVersion): AdmissionVersion {
     concurrency: v.concurrency_limit == null
       ? null
       : { limit: v.concurrency_limit, key: v.concurrency_key ?? null },
+    debounce: v.debounce == null
+      ? null
+      : { key: v.debounce.key ?? null, period: v.debounce.period, maxWait: v.debounce.maxWait },
     tenants,
     validate(input) {
       if (check(input)) return undefined;

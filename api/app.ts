@@ -31,6 +31,8 @@ export type ApiEnv = {
     releaseBody?: () => void;
     /** When admission answered, for a POST that then waits (`Prefer: wait=N`). */
     admittedAt?: number;
+    /** Set when an admission joined a debounced run (its metric outcome). */
+    debounced?: boolean;
   };
 };
 

@@ -53,7 +53,7 @@ export function createApiMetrics(
     }),
     admissions: new client.Counter({
       name: "poimen_admissions_total",
-      help: "Admissions by outcome: created, deduplicated, rejected",
+      help: "Admissions by outcome: created, deduplicated, debounced, rejected",
       labelNames: ["outcome"] as const,
       registers,
     }),
@@ -252,8 +252,11 @@ export function createApiMetrics(
       c.count.inc();
       c.duration.observe(seconds);
     },
-    /** One admission answered (created, deduplicated or rejected): counted and timed. */
-    observeAdmission(outcome: "created" | "deduplicated" | "rejected", seconds: number) {
+    /** One admission answered (created, deduplicated, debounced or rejected): counted and timed. */
+    observeAdmission(
+      outcome: "created" | "deduplicated" | "debounced" | "rejected",
+      seconds: number,
+    ) {
       let c = admissionChildren.get(outcome);
       if (!c) {
         c = {

@@ -202,8 +202,9 @@ export const ROUTES: Route[] = [
     body: { schema: ["RunRequest", "RunBatch"] },
     answers: {
       207: {
-        description: "A batch was answered: each item's result, in order (`created` and " +
-          "`replayed` with the run, or its `problem` with its status and `retryable`)",
+        description: "A batch was answered: each item's result, in order (`created`, " +
+          "`replayed` and `debounced` with the run, or its `problem` with its status and " +
+          "`retryable`)",
         schema: "RunBatchAnswer",
       },
       201: {
@@ -217,10 +218,15 @@ export const ROUTES: Route[] = [
       },
       200: {
         description: "The dispatch key was seen before: the first run (with `Prefer: wait=N`, " +
-          "as it is once final or after N seconds)",
+          "as it is once final or after N seconds). Or, for a debounced workflow, the request " +
+          "joined the pending run of its debounce key: that run, with `debounced: true`, its " +
+          "input now this request's and its start moved (docs/workflows.md#debounce)",
         schema: "Run",
         headers: {
-          [HEADERS.replayed]: { description: "Always `true`", schema: z.literal("true") },
+          [HEADERS.replayed]: {
+            description: "`true` on a replay; absent when the request joined a debounced run",
+            schema: z.literal("true"),
+          },
           [HEADERS.bodyMismatch]: {
             description: "`true` when this body differs from the first one's",
             schema: z.literal("true"),

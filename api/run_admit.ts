@@ -13,6 +13,7 @@ import {
   CHILD_KEY_PREFIX,
   HEADERS,
   RELAY_KEY_PREFIX,
+  type Run,
   type RunRequest,
   SourceHeader,
 } from "../contracts/runs.ts";
@@ -109,4 +110,17 @@ export function admitChecked(
     });
   };
   return deps.quota ? deps.quota.admit(tenantId, admit) : admit();
+}
+
+/** The admission metric's outcome of an admitted request. */
+export function admissionOutcome(r: AdmitResult): "created" | "deduplicated" | "debounced" {
+  return r.created ? "created" : r.debounced ? "debounced" : "deduplicated";
+}
+
+/**
+ * `run` as an admission answers it: with `debounced` when the workflow is
+ * debounced and the request made or joined the run (not on a replay).
+ */
+export function debouncedRun(r: AdmitResult, run: Run): Run {
+  return r.debounced === undefined ? run : { ...run, debounced: r.debounced };
 }

@@ -24,7 +24,14 @@ import {
 } from "../contracts/run_batch.ts";
 import type { ApiEnv } from "./app.ts";
 import type { ApiMetrics } from "./metrics.ts";
-import { type AdmitCaller, admitCaller, admitChecked, refuseReservedKey } from "./run_admit.ts";
+import {
+  admissionOutcome,
+  type AdmitCaller,
+  admitCaller,
+  admitChecked,
+  debouncedRun,
+  refuseReservedKey,
+} from "./run_admit.ts";
 import { problemOf } from "./problem.ts";
 import { parseWith } from "./request.ts";
 import { toRun } from "./run_json.ts";
@@ -97,9 +104,10 @@ export async function answerBatch(
         const { problem } = problemOf(r.error, log, where);
         return { outcome: "problem", status: problem.status, problem };
       }
-      deps.metrics.observeAdmission(r.created ? "created" : "deduplicated", seconds);
-      const run = toRun(r.run);
+      deps.metrics.observeAdmission(admissionOutcome(r), seconds);
+      const run = debouncedRun(r, toRun(r.run));
       if (r.created) return { outcome: "created", status: 201, run };
+      if (r.debounced) return { outcome: "debounced", status: 200, run };
       if (!r.sameBody) deps.metrics.replayBodyMismatch.inc();
       const result: RunBatchResult = { outcome: "replayed", status: 200, run };
       if (!r.sameBody) result.body_mismatch = true;

@@ -11,7 +11,7 @@ import type { Admission } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
 import { HEADERS, IdempotencyKeyHeader, ListRunsQuery, RunRequest } from "../contracts/runs.ts";
 import type { ApiEnv } from "./app.ts";
-import { admitCaller, admitChecked, refuseReservedKey } from "./run_admit.ts";
+import { admitCaller, admitChecked, debouncedRun, refuseReservedKey } from "./run_admit.ts";
 import { answerBatch } from "./run_batch.ts";
 import { limitBody, parseJsonBody, parseQuery, parseWith, requireJson } from "./request.ts";
 import type { ApiMetrics } from "./metrics.ts";
@@ -116,6 +116,8 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
     if (c.res.status === 207) return;
     const outcome = c.res.status === 201
       ? "created"
+      : c.get("debounced")
+      ? "debounced"
       : c.res.status === 200
       ? "deduplicated"
       : "rejected";
@@ -154,9 +156,15 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         if (applied) c.header("Preference-Applied", `wait=${wait}`);
         if (row) run = toRun(row);
       }
+      run = debouncedRun(result, run);
       if (result.created) {
         c.header("Location", `/v1/runs/${run.run_id}`);
         return c.json(run, 201);
+      }
+      // Joined the pending run of its debounce key: no replay.
+      if (result.debounced) {
+        c.set("debounced", true);
+        return c.json(run, 200);
       }
       c.header(HEADERS.replayed, "true");
       if (!result.sameBody) {

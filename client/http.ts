@@ -113,6 +113,7 @@ export type {
   WorkflowResult,
 } from "../contracts/workflow.ts";
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
+export type { DebounceOptions } from "../contracts/debounce.ts";
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,
@@ -237,10 +238,13 @@ export class PoimenClient {
       (signal) => this.#call("POST", this.#runsUrl, signal, { headers, body: payload }),
     );
     const replayed = res.answer.headers.get(HEADERS.replayed) === "true";
+    const run = res.json as Run;
     return {
-      run: res.json as Run,
-      created: res.answer.status === 201 || (generated && res.answer.status === 200),
+      run,
+      // A 200 that joined a debounced run is no replay: this call made no run.
+      created: res.answer.status === 201 || (generated && replayed),
       replayed,
+      debounced: run.debounced === true,
       bodyMismatch: res.answer.headers.get(HEADERS.bodyMismatch) === "true",
       dispatchKey,
       attempts,

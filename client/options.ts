@@ -46,6 +46,12 @@ export interface AdmitResult {
   /** The API answered with an existing run (200, `Idempotent-Replayed: true`). */
   replayed: boolean;
   /**
+   * The request joined the pending run of its debounce key (200,
+   * `debounced: true`: docs/workflows.md#debounce): the run's input is now
+   * this request's; `created` and `replayed` are false.
+   */
+  debounced: boolean;
+  /**
    * The existing run was asked for with a different body
    * (`Idempotent-Body-Mismatch: true`): the same key was reused for another
    * request, most likely a caller bug.

@@ -64,6 +64,8 @@ export interface RunHandle<O = unknown> {
   readonly created: boolean;
   /** The API answered with a run the `dispatchKey` already named. */
   readonly replayed: boolean;
+  /** It joined the pending run of its debounce key (docs/workflows.md#debounce). */
+  readonly debounced: boolean;
   /** That run was asked for with another input: the key was reused, most likely a bug. */
   readonly bodyMismatch: boolean;
   /** The dispatch key sent (the caller's or the generated one). */
@@ -126,6 +128,7 @@ export async function startRun<O>(
     run: admitted.run,
     created: admitted.created,
     replayed: admitted.replayed,
+    debounced: admitted.debounced,
     bodyMismatch: admitted.bodyMismatch,
     // Always set: `idempotent` generates one when the caller gave none.
     dispatchKey: admitted.dispatchKey ?? "",

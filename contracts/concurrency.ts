@@ -20,7 +20,8 @@ export interface ConcurrencyLimit {
   key?: string;
 }
 
-const POINTER = /^(\/([^~/]|~[01])*)+$/;
+/** A JSON Pointer (RFC 6901) of at least one segment. */
+export const POINTER = /^(\/([^~/]|~[01])*)+$/;
 
 /** Why `c` is not a valid limit, or undefined when it is. */
 export function concurrencyProblem(c: unknown): string | undefined {
@@ -49,6 +50,19 @@ export type KeyOutcome = { key: string } | { problem: string };
  * MAX_CONCURRENCY_KEY_LENGTH characters as text.
  */
 export function concurrencyKeyOf(input: unknown, pointer: string | null | undefined): KeyOutcome {
+  return keyAtPointer(input, pointer, "concurrency");
+}
+
+/**
+ * The key text of `input` at `pointer` (undefined pointer: `""`), for the
+ * workflow's `what` key (`concurrency`, `debounce`): a string, a number or a
+ * boolean, at most MAX_CONCURRENCY_KEY_LENGTH characters as text.
+ */
+export function keyAtPointer(
+  input: unknown,
+  pointer: string | null | undefined,
+  what: string,
+): KeyOutcome {
   if (pointer === null || pointer === undefined) return { key: "" };
   let at: unknown = input;
   for (const raw of pointer.split("/").slice(1)) {
@@ -62,18 +76,17 @@ export function concurrencyKeyOf(input: unknown, pointer: string | null | undefi
     if (at === undefined) break;
   }
   if (at === undefined || at === null) {
-    return { problem: `is required: it is the workflow's concurrency key (${pointer})` };
+    return { problem: `is required: it is the workflow's ${what} key (${pointer})` };
   }
   if (typeof at !== "string" && typeof at !== "number" && typeof at !== "boolean") {
     return {
-      problem: `must be a string, a number or a boolean: it is the workflow's concurrency key`,
+      problem: `must be a string, a number or a boolean: it is the workflow's ${what} key`,
     };
   }
   const key = typeof at === "string" ? at : JSON.stringify(at);
   if (key.length > MAX_CONCURRENCY_KEY_LENGTH) {
     return {
-      problem:
-        `is the workflow's concurrency key: at most ${MAX_CONCURRENCY_KEY_LENGTH} characters`,
+      problem: `is the workflow's ${what} key: at most ${MAX_CONCURRENCY_KEY_LENGTH} characters`,
     };
   }
   return { key };

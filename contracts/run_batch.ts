@@ -22,11 +22,13 @@ export const RunBatch = z.array(RunRequest).min(1).max(RUN_BATCH_MAX_ITEMS).desc
 
 /** One item's answer in a batch admission. */
 export const RunBatchResult = z.object({
-  outcome: z.enum(["created", "replayed", "problem"]),
+  outcome: z.enum(["created", "replayed", "debounced", "problem"]).describe(
+    "`debounced`: the item joined the pending run of its debounce key (docs/workflows.md#debounce)",
+  ),
   status: z.number().int().describe(
     "What a single admission of the item would have answered: 201, 200 or the problem's status",
   ),
-  run: Run.optional().describe("On `created` and `replayed`"),
+  run: Run.optional().describe("On `created`, `replayed` and `debounced`"),
   body_mismatch: z.boolean().optional().describe(
     "On `replayed`: true when the item differs from the first request's body",
   ),

@@ -122,7 +122,7 @@ export const RunRequest = z.strictObject({
       `(\`2030-01-01T09:00:00+01:00\` or \`…Z\`), at most ${MAX_RUN_AFTER_DAYS} days ahead; ` +
       `a year from ${MIN_RUN_AFTER_YEAR} on, an offset within ±${MAX_RUN_AFTER_OFFSET_HOURS}:59. ` +
       "A time in the past means now. A replay of the dispatch key returns the first run, " +
-      "whatever its run_after",
+      "whatever its run_after. Refused for a debounced workflow: its debounce sets the start",
   ),
   priority: z.number().int().min(MIN_PRIORITY).max(MAX_PRIORITY).nullable().optional().describe(
     `An integer from ${MIN_PRIORITY} to ${MAX_PRIORITY} (default 0): within the tenant, a ` +
@@ -254,6 +254,11 @@ export const Run = z.object({
   ),
   root_run_id: z.uuid().nullable().describe(
     "The root of its tree of runs; null for a run a caller admitted (a root itself)",
+  ),
+  debounced: z.boolean().optional().describe(
+    "Only on an admission's answer for a debounced workflow: true when the request joined the " +
+      "pending run of its debounce key (200: the run's input replaced, its start moved), false " +
+      "when it made the run (201); absent on a replay (docs/workflows.md#debounce)",
   ),
   schedule_id: z.string().optional().describe(
     "Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule",

@@ -147,6 +147,12 @@ export interface Run {
   parent_run_id: string | null;
   /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
   root_run_id: string | null;
+  /**
+   * Only on an admission's answer for a debounced workflow: true when the
+   * request joined the pending run of its debounce key (200), false when it
+   * made the run (201); absent on a replay.
+   */
+  debounced?: boolean;
   /** Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule. */
   schedule_id?: string;
   /** Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339). */
@@ -304,11 +310,15 @@ export const RUN_BATCH_MAX_ITEMS = 1000;
  * answered 207): what a single admission of that item would have answered.
  */
 export interface RunBatchResult {
-  /** `created` (a new run), `replayed` (its dispatch key was seen: the first run) or `problem`. */
-  outcome: "created" | "replayed" | "problem";
+  /**
+   * `created` (a new run), `replayed` (its dispatch key was seen: the first
+   * run), `debounced` (it joined the pending run of its debounce key) or
+   * `problem`.
+   */
+  outcome: "created" | "replayed" | "debounced" | "problem";
   /** The status a single admission would have answered: 201, 200 or the problem's. */
   status: number;
-  /** On `created` and `replayed`: the run. */
+  /** On `created`, `replayed` and `debounced`: the run. */
   run?: Run;
   /** On `replayed`: true when this item differs from the first request's body. */
   body_mismatch?: boolean;

@@ -9,6 +9,7 @@
  * @module
  */
 import type { ConcurrencyLimit } from "./concurrency.ts";
+import type { DebounceOptions } from "./debounce.ts";
 
 /**
  * What `input` and `output` take: a zod 4 schema (`z.object({...})` and the
@@ -64,6 +65,8 @@ export interface WorkflowDefinition<
   readonly maxAttempts?: number;
   /** At most `limit` runs running at once per tenant, or per value of `key`. */
   readonly concurrency?: ConcurrencyLimit;
+  /** The requests for one key make one run, `period` ms after the last, at most `maxWait` ms after the first. */
+  readonly debounce?: DebounceOptions;
   /** The tenants that may start this version (ids and `prefix*`); unset: every tenant. */
   readonly tenants?: readonly string[];
   /** The input as JSON Schema (draft 2020-12, the input side), as the catalog stores it. */

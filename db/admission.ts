@@ -63,11 +63,11 @@ export interface AdmittedRow extends RunRow {
   same_body: boolean;
 }
 
-// The same request equals the stored run when ref, input and goal are equal
+// The same request equals the stored run (SQL text over a request `q` and a run `r`) when ref, input and goal are equal
 // (jsonb equality ignores key order and whitespace). It never decides dedup,
 // it only reports. `run_after` is not compared: a caller retrying "in an
 // hour" computes a new time each try, and it is still the same request.
-const SAME_BODY = `(r.workflow_ref = q.workflow_ref
+export const SAME_BODY = `(r.workflow_ref = q.workflow_ref
   and r.input = coalesce(q.input, 'null'::jsonb)
   and r.goal_id is not distinct from q.goal_id)`;
 
@@ -79,12 +79,10 @@ const SAME_BODY = `(r.workflow_ref = q.workflow_ref
  * the tenant's status index the same, kept that plan in the prepared
  * statement, and filtered the tenant's runs row by row as the table grew.
  */
-function holder(sql: Sql) {
-  return sql`select * from runs r
+export const HOLDER = `select * from runs r
               where r.tenant_id collate "C" = q.tenant_id and r.dispatch_key = q.dispatch_key
                 and r.dispatch_key is not null
               limit 1`;
-}
 
 /**
  * Admits a batch: returns one row per created run and per run found already
@@ -155,7 +153,7 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
     -- Runs that held the key before this statement began (not those it inserted:
     -- a CTE's writes are invisible to the rest of its statement).
     select ${sql.unsafe(runColumns("r"))}, q.i, false, ${sql.unsafe(SAME_BODY)}
-      from req q cross join lateral (${holder(sql)}) r`;
+      from req q cross join lateral (${sql.unsafe(HOLDER)}) r`;
 }
 
 /**
@@ -173,5 +171,5 @@ export async function selectRunsByDispatchKey(
       from jsonb_to_recordset(${wanted})
            as q(i integer, tenant_id text, dispatch_key text, workflow_ref text, input jsonb,
                 goal_id text)
-     cross join lateral (${holder(sql)}) r`;
+     cross join lateral (${sql.unsafe(HOLDER)}) r`;
 }

@@ -30,6 +30,11 @@ export interface CatalogVersion {
   /** The JSON Pointer into the input naming a run's group; null: one group per tenant. */
   concurrency_key?: string | null;
   /**
+   * Its debounce (migration 032), `{ key?, period, maxWait }` in
+   * milliseconds; null or unset: not debounced.
+   */
+  debounce?: { key?: string; period: number; maxWait: number } | null;
+  /**
    * The tenants that may start the version, as a tenant scope's canonical
    * text (`acme,team-*`, migration 014); null: every tenant.
    */
@@ -49,7 +54,7 @@ export interface Registration {
   created: boolean;
   /**
    * It was registered before with the same definition: input, output and
-   * signal schemas, max attempts, concurrency limit, tenants and schedules (true
+   * signal schemas, max attempts, concurrency limit, debounce, tenants and schedules (true
    * when created); false: the stored definition differs; null: another
    * registration of it committed after this statement's snapshot (ask again),
    * or it was refused (`refused`).
@@ -108,10 +113,10 @@ export async function registerVersions(
         select * from rows from (jsonb_to_recordset(${tx.json(versions as never)}::jsonb)
             as (name text, version int, input_schema jsonb, output_schema jsonb,
                 max_attempts int, concurrency_limit int, concurrency_key text, tenants text,
-                signal_schemas jsonb, schedules jsonb))
+                signal_schemas jsonb, debounce jsonb, schedules jsonb))
           with ordinality as w(name, version, input_schema, output_schema, max_attempts,
                                concurrency_limit, concurrency_key, tenants, signal_schemas,
-                               schedules, i)
+                               debounce, schedules, i)
       ),
       -- Per name, the version every new one must agree with on concurrency:
       -- the current one, or for a name first registered here its newest.
@@ -137,9 +142,9 @@ export async function registerVersions(
       ins as (
         insert into workflow_versions (name, version, input_schema, output_schema, max_attempts,
                                        concurrency_limit, concurrency_key, tenants, signal_schemas,
-                                       schedules, registered_by)
+                                       debounce, schedules, registered_by)
         select name, version, input_schema, output_schema, max_attempts, concurrency_limit,
-               concurrency_key, tenants, signal_schemas, schedules, ${workerId}
+               concurrency_key, tenants, signal_schemas, debounce, schedules, ${workerId}
           from checked
          where agrees
         on conflict (name, version) do nothing
@@ -161,6 +166,7 @@ export async function registerVersions(
                        and v.concurrency_key is not distinct from w.concurrency_key
                        and v.tenants is not distinct from w.tenants
                        and v.signal_schemas is not distinct from w.signal_schemas
+                       and v.debounce is not distinct from w.debounce
                        and v.schedules is not distinct from w.schedules end as same,
              cur.name is not null as current,
              case when v.name is null and not w.agrees
@@ -189,7 +195,8 @@ export interface CatalogEntry extends CatalogVersion {
 export async function selectCatalog(sql: Sql): Promise<CatalogEntry[]> {
   return await sql<CatalogEntry[]>`
     select v.name, v.version, v.input_schema, v.output_schema, v.max_attempts, v.concurrency_limit,
-           v.concurrency_key, v.tenants, v.signal_schemas, c.version is not null as current
+           v.concurrency_key, v.tenants, v.signal_schemas, v.debounce,
+           c.version is not null as current
       from workflow_versions v
       left join workflow_current c on c.name = v.name and c.version = v.version
      order by v.name, v.version`;

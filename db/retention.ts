@@ -62,6 +62,14 @@ const PURGE_FINISHED_RUNS = `
                                   where w.tenant_id = d.tenant_id and w.run_id = d.run_id))
                from doomed d))
   ),
+  -- The dispatch keys of the requests that joined it (migration 032).
+  joins as (
+    delete from debounce_joins
+     where ctid = any (array(
+             select unnest(array(select w.ctid from debounce_joins w
+                                  where w.tenant_id = d.tenant_id and w.run_id = d.run_id))
+               from doomed d))
+  ),
   gone as (
     delete from runs where ctid = any (array(select row_ctid from doomed))
     returning 1
@@ -71,7 +79,7 @@ const PURGE_FINISHED_RUNS = `
 /**
  * Deletes up to `limit` runs that finished (`succeeded`, `failed`,
  * `cancelled`) more than `retentionMs` ago, oldest first, with all their
- * `work_events`, `run_steps` and `run_signals`. A run with an event still to ship (unpublished and not
+ * `work_events`, `run_steps`, `run_signals` and `debounce_joins`. A run with an event still to ship (unpublished and not
  * parked) is kept until the outbox shipped it: an event is never dropped
  * unpublished. A child run is kept while its root run exists (whatever its
  * own age): the root goes first, once past its own retention, and its

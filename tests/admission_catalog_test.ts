@@ -5,7 +5,7 @@ import { compileVersion, StaticCatalog, WorkflowCatalog } from "../admission/cat
 import { type PoimenError } from "../core/errors.ts";
 import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
-import { registerVersions } from "../db/catalog.ts";
+import { registerVersions, selectCatalog } from "../db/catalog.ts";
 import { createPool } from "../db/pool.ts";
 import { defineWorkflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
@@ -134,4 +134,47 @@ Deno.test("catalog: a version for some tenants resolves and is listed only for t
   const only = new StaticCatalog(new WorkflowRegistry([v(1, ["acme"])]).catalogVersions());
   assert.equal(only.resolve("report", "beta"), undefined);
   assert.deepEqual(only.list("beta"), []);
+});
+
+Deno.test("catalog: a version's debounce is stored with it, read back by admission, and part of its immutable definition", async () => {
+  const db = await freshDatabase();
+  try {
+    const digest = (maxWait: number) =>
+      defineWorkflow({
+        name: "notify.digest",
+        version: 1,
+        input: z.object({ customer_id: z.string() }),
+        debounce: { key: "/customer_id", period: 1_000, maxWait },
+        handler,
+      });
+    const plain = defineWorkflow({ name: "plain", version: 1, input: z.unknown(), handler });
+    const [first] = await registerVersions(
+      db.sql,
+      new WorkflowRegistry([digest(5_000), plain]).catalogVersions(),
+      "w1",
+    );
+    assert.equal(first.created, true);
+    const [same] = await registerVersions(
+      db.sql,
+      new WorkflowRegistry([digest(5_000)]).catalogVersions(),
+      "w2",
+    );
+    assert.deepEqual([same.created, same.same], [false, true]);
+    const [other] = await registerVersions(
+      db.sql,
+      new WorkflowRegistry([digest(6_000)]).catalogVersions(),
+      "w3",
+    );
+    assert.deepEqual([other.created, other.same], [false, false], "another debounce differs");
+    const rows = await selectCatalog(db.sql);
+    const versions = new Map(rows.map((r) => [r.name, compileVersion(r)]));
+    assert.deepEqual(versions.get("notify.digest")?.debounce, {
+      key: "/customer_id",
+      period: 1_000,
+      maxWait: 5_000,
+    });
+    assert.equal(versions.get("plain")?.debounce, null);
+  } finally {
+    await db.drop();
+  }
 });

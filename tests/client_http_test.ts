@@ -654,6 +654,7 @@ Deno.test("client_http: the client module loads no third-party, database or Kafk
     "client/wait_for_run.ts",
     "client/workflow_runs.ts",
     "contracts/concurrency.ts",
+    "contracts/debounce.ts",
     "contracts/event_types.ts",
     "contracts/wire.ts",
     "contracts/workflow.ts",

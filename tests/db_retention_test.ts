@@ -169,3 +169,21 @@ Deno.test("retention: a child is kept while its root lives, and goes after it, t
     await db.drop();
   }
 });
+
+Deno.test("retention: the dispatch keys that joined a debounced run go with it, and only its", async () => {
+  const db = await freshDatabase();
+  try {
+    await insertTenant(db.sql, TENANT);
+    const [old] = await runs(db.sql, 1, "succeeded", 40);
+    const [young] = await runs(db.sql, 1, "succeeded", 10);
+    await db.sql`insert into debounce_joins (tenant_id, dispatch_key, run_id)
+                 values (${TENANT}, 'old-1', ${old}), (${TENANT}, 'old-2', ${old}),
+                        (${TENANT}, 'young-1', ${young})`;
+    assert.deepEqual(await purgeFinishedRuns(db.sql, 30 * DAY, 10), { runs: 1, events: 2 });
+    const left = await db.sql<{ dispatch_key: string }[]>`
+      select dispatch_key from debounce_joins where tenant_id = ${TENANT} order by 1`;
+    assert.deepEqual(left.map((r) => r.dispatch_key), ["young-1"]);
+  } finally {
+    await db.drop();
+  }
+});

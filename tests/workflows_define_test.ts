@@ -304,3 +304,49 @@ Deno.test("defineWorkflow: declared signals are registered as JSON Schema (input
     );
   }
 });
+
+Deno.test("defineWorkflow: debounce is { key?, period, maxWait } in milliseconds, kept by implement and registered; anything else is a TypeError naming the workflow", () => {
+  const d = defineWorkflow({
+    name: "digest",
+    version: 1,
+    input: z.object({ customer_id: z.string() }),
+    debounce: { key: "/customer_id", period: 30_000, maxWait: 300_000 },
+  });
+  assert.deepEqual(d.debounce, { key: "/customer_id", period: 30_000, maxWait: 300_000 });
+  const impl = implement(d, handler);
+  assert.deepEqual(impl.debounce, d.debounce);
+  assert.deepEqual(new WorkflowRegistry([impl]).catalogVersions()[0].debounce, {
+    key: "/customer_id",
+    period: 30_000,
+    maxWait: 300_000,
+  });
+  assert.equal(
+    new WorkflowRegistry([defineWorkflow({ name: "p", version: 1, input: z.unknown(), handler })])
+      .catalogVersions()[0].debounce,
+    null,
+  );
+  for (
+    const [bad, why] of [
+      [{ period: 0, maxWait: 10 }, /debounce.period/],
+      [{ period: 1.5, maxWait: 10 }, /debounce.period/],
+      [{ period: 10, maxWait: 5 }, /debounce.maxWait/],
+      [{ period: 10 }, /debounce.maxWait/],
+      [{ period: 10, maxWait: 8 * 24 * 3600_000 }, /debounce.maxWait/],
+      [{ period: 10, maxWait: 10, key: "customer_id" }, /debounce.key/],
+      [{ period: 10, maxWait: 10, wait: 1 }, /unknown field wait/],
+      [null, /debounce must be/],
+    ] as const
+  ) {
+    assert.throws(
+      () =>
+        defineWorkflow({
+          name: "digest",
+          version: 2,
+          input: z.unknown(),
+          debounce: bad as never,
+        }),
+      (e: Error) => e instanceof TypeError && /digest@2/.test(e.message) && why.test(e.message),
+      JSON.stringify(bad),
+    );
+  }
+});

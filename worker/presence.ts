@@ -123,8 +123,9 @@ export class WorkerPresence implements Service {
         throw new PoimenError(
           "workflow-conflict",
           `worker: workflow ${conflict.name}@${conflict.version} is already registered ` +
-            `with another definition (input or output schema, maxAttempts, concurrency, tenants or schedules); a ` +
-            `registered version never changes: give the new definition a new version`,
+            `with another definition (input or output schema, maxAttempts, concurrency, ` +
+            `debounce, tenants or schedules); a registered version never changes: give the ` +
+            `new definition a new version`,
         );
       }
       for (const r of found.filter((r) => r.created)) {

@@ -47,6 +47,7 @@ export {
 export type {
   ChildRun,
   ConcurrencyLimit,
+  DebounceOptions,
   DeclaredSchedule,
   DefinitionOptions,
   DurableContext,

@@ -37,7 +37,8 @@
  * input against the definition's input as JSON Schema, without loading
  * this code, and the worker checks each result against `output` before it
  * completes the run. `name@version` is immutable once registered: change
- * the input, output, `maxAttempts`, `concurrency`, `tenants` or `schedules`
+ * the input, output, `maxAttempts`, `concurrency`, `debounce`, `tenants` or
+ * `schedules`
  * under a new version.
  *
  * @module
@@ -46,6 +47,7 @@ import { z } from "zod";
 import type { Logger } from "../core/log.ts";
 import { WORKFLOW_NAME_PATTERN } from "../contracts/runs.ts";
 import { type ConcurrencyLimit, concurrencyProblem } from "../contracts/concurrency.ts";
+import { type DebounceOptions, debounceProblem } from "../contracts/debounce.ts";
 import { parseTenantScope } from "../contracts/tenant_scope.ts";
 import type {
   ScheduleDeclaration,
@@ -57,6 +59,7 @@ import { SIGNAL_NAME_PATTERN } from "../contracts/signals.ts";
 import { checkedSchedules } from "./schedules.ts";
 
 export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
+export type { DebounceOptions } from "../contracts/debounce.ts";
 export type {
   DeclaredSchedule,
   ScheduleDeclaration,
@@ -166,6 +169,17 @@ export interface DefinitionOptions<
    */
   concurrency?: ConcurrencyLimit;
   /**
+   * Debounce (milliseconds): a request for a key (a JSON Pointer into the
+   * input, as `concurrency.key`; unset: one per tenant) whose run is still
+   * pending (queued, never started) joins that run instead of making one:
+   * the run's input becomes the request's, and its start moves to `period`
+   * after this request, never past `maxWait` after the first request of the
+   * burst. Once the run started, the next request starts a new burst. A
+   * request whose `dispatch_key` a run holds is a replay, as always.
+   * Registered in the catalog with the version (docs/workflows.md#debounce).
+   */
+  debounce?: DebounceOptions;
+  /**
    * The tenants that may start this version: tenant ids and prefixes
    * (`["acme", "team-*"]`, contracts/tenant_scope.ts); unset (or `["*"]`):
    * every tenant. Registered in the catalog with the version; the API
@@ -235,8 +249,8 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
  * definition, for producers and for `implement`. With `handler`: the
  * definition implemented at once (`implement(defineWorkflow(rest),
  * handler)`). Throws a `TypeError` naming the workflow when the name,
- * version, schemas, max attempts, concurrency, tenants, schedules or
- * handler is invalid, so a bad definition fails where it is imported.
+ * version, schemas, max attempts, concurrency, debounce, tenants, schedules
+ * or handler is invalid, so a bad definition fails where it is imported.
  */
 export function defineWorkflow<
   I,
@@ -286,7 +300,7 @@ export function implement<I, O, In, OIn, S extends SignalSchemas>(
       `workflow ${definition.name}@${definition.version}: handler must be a function`,
     );
   }
-  const { name, version, input, output, maxAttempts, concurrency, tenants } = definition;
+  const { name, version, input, output, maxAttempts, concurrency, debounce, tenants } = definition;
   const { inputSchema, outputSchema, signals, signalSchemas, schedules } = definition;
   return Object.freeze({
     name,
@@ -295,6 +309,7 @@ export function implement<I, O, In, OIn, S extends SignalSchemas>(
     output,
     maxAttempts,
     concurrency,
+    debounce,
     tenants,
     inputSchema,
     outputSchema,
@@ -335,6 +350,10 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
     const problem = concurrencyProblem(options.concurrency);
     if (problem) throw new TypeError(`workflow ${label}: ${problem}`);
   }
+  if (options.debounce !== undefined) {
+    const problem = debounceProblem(options.debounce);
+    if (problem) throw new TypeError(`workflow ${label}: ${problem}`);
+  }
   let tenants: readonly string[] | undefined;
   if (options.tenants !== undefined) {
     if (!Array.isArray(options.tenants)) {
@@ -363,6 +382,11 @@ function checkedDefinition(options: DefinitionOptions): WorkflowDefinition {
     concurrency: options.concurrency === undefined ? undefined : Object.freeze({
       limit: options.concurrency.limit,
       ...(options.concurrency.key === undefined ? {} : { key: options.concurrency.key }),
+    }),
+    debounce: options.debounce === undefined ? undefined : Object.freeze({
+      period: options.debounce.period,
+      maxWait: options.debounce.maxWait,
+      ...(options.debounce.key === undefined ? {} : { key: options.debounce.key }),
     }),
     tenants,
     inputSchema: Object.freeze(jsonSchema(options.input, "input")),

@@ -90,6 +90,7 @@ export class WorkflowRegistry {
       max_attempts: w.maxAttempts ?? null,
       concurrency_limit: w.concurrency?.limit ?? null,
       concurrency_key: w.concurrency?.key ?? null,
+      debounce: w.debounce === undefined ? null : { ...w.debounce },
       tenants: w.tenants?.join(",") ?? null,
       signal_schemas: w.signalSchemas === undefined ? null : { ...w.signalSchemas },
       schedules: w.schedules === undefined ? null : [...w.schedules],

@@ -11,6 +11,7 @@ import postgres from "postgres";
 import type { Sql } from "../../db/pool.ts";
 import { laneQueuedRuns } from "./db.ts";
 import { insertRuns, type NewRun, selectRunsByDispatchKey } from "../../db/admission.ts";
+import { admitDebounced } from "../../db/debounce.ts";
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../../db/attempt_end.ts";
 import { requestCancel } from "../../db/cancellation.ts";
 import { claimLimitedRuns, claimRuns } from "../../db/claims.ts";
@@ -138,6 +139,28 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "admission: insertRuns",
       call: (sql) => insertRuns(sql, batch),
       indexes: { runs: ["runs_dispatch_key_uq"] },
+    },
+    {
+      // A new burst (its debounce key free), a request joining it (the
+      // conflict's update, its key recorded), then a replay (its dispatch
+      // key held): the holder probes, and the insert whose arbiter is
+      // runs_debounce_pending_uq (a conflict probe, not a scan).
+      name: "admission: admitDebounced",
+      call: async (sql) => {
+        const burst = `c-${crypto.randomUUID()}`;
+        const debounced = (r: NewRun) => ({
+          ...r,
+          run_after: null,
+          debounce_key: burst,
+          period_ms: 60_000,
+          max_wait_ms: 600_000,
+        });
+        await admitDebounced(sql, debounced(batch[0]));
+        await admitDebounced(sql, debounced(batch[1]));
+        await admitDebounced(sql, { ...debounced(batch[9]), debounce_key: "other" });
+      },
+      // The runs a request joined are read by their primary key.
+      indexes: { runs: ["runs_dispatch_key_uq", "runs_pkey"] },
     },
     {
       name: "admission: selectRunsByDispatchKey",
