@@ -255,6 +255,9 @@ export const Run = z.object({
   root_run_id: z.uuid().nullable().describe(
     "The root of its tree of runs; null for a run a caller admitted (a root itself)",
   ),
+  detached: z.boolean().describe(
+    "A child started with `{ detached: true }`: a cancel of its ancestors does not reach it",
+  ),
   schedule_id: z.string().optional().describe(
     "Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule",
   ),

@@ -147,6 +147,8 @@ export interface Run {
   parent_run_id: string | null;
   /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
   root_run_id: string | null;
+  /** A child started with `{ detached: true }`: a cancel of its ancestors does not reach it. */
+  detached: boolean;
   /** Only on a schedule's occurrence (dispatch key `schedule:<id>:<instant>`): its schedule. */
   schedule_id?: string;
   /** Only on a schedule's occurrence: the occurrence's UTC instant (RFC 3339). */

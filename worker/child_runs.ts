@@ -43,6 +43,8 @@ export interface ChildRequest {
   workflowRef: string;
   input: unknown;
   priority?: number;
+  /** Not reached by a cancel of its ancestors (`StartOptions.detached`). */
+  detached?: boolean;
 }
 
 // Admission batches: children a handler starts at once share a flush.
@@ -87,7 +89,7 @@ export class ChildAdmission {
       source: `run:${parent.run_id}`,
       entry: "child",
       traceparent: parent.traceparent ?? undefined,
-      parent: { run_id: parent.run_id, root_run_id: root },
+      parent: { run_id: parent.run_id, root_run_id: root, detached: child.detached ?? false },
     });
     return run;
   }
@@ -137,6 +139,7 @@ export async function startChild<O>(
       workflowRef: `${definition.name}@${definition.version}`,
       input,
       priority: options.priority,
+      detached: options.detached === true,
     });
     return { run_id: child.run_id };
   });
