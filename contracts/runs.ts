@@ -321,6 +321,8 @@ export const RunEvent = z.discriminatedUnion("type", [
   runEventOf("step.completed"),
   runEventOf("step.failed"),
   runEventOf("signal.received"),
+  runEventOf("child.started"),
+  runEventOf("child.finished"),
 ]);
 export type RunEvent = z.infer<typeof RunEvent>;
 

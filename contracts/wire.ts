@@ -10,6 +10,8 @@
 import type { RunEventPayloads, RunEventType } from "./event_types.ts";
 
 export type {
+  ChildFinishedPayload,
+  ChildStartedPayload,
   RunAdmittedPayload,
   RunCancelledPayload,
   RunError,

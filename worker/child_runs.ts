@@ -16,14 +16,15 @@
  * The catalog is read when a workflow is first met (the kernel refreshes
  * on a miss) and never listened to: a child is started by its definition's
  * `name@version`, which never changes once registered, so nothing here can
- * go stale. Not yet here: the tenant's quota gate (admission/quota.ts),
- * which stays at the API's door.
+ * go stale. Each admission also writes the parent's `child.started` and
+ * cancels a child whose parent's cancel won the race (db/child_admission.ts).
  */
 import { Admission } from "../admission/admit.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
 import type { Logger } from "../core/log.ts";
 import { childDispatchKey } from "../contracts/runs.ts";
 import { selectRootRunId } from "../db/lineage.ts";
+import { insertChildRuns } from "../db/child_admission.ts";
 import type { Sql } from "../db/pool.ts";
 import type { RunRow } from "../db/runs.ts";
 import type { ChildRun, StartOptions } from "../workflows/durable.ts";
@@ -66,10 +67,16 @@ export class ChildAdmission {
       listen: () => sql,
       log,
     });
-    this.#admission = new Admission(sql, catalog, {
-      maxBatch: MAX_BATCH,
-      maxConcurrent: MAX_CONCURRENT,
-    }, { onCreated });
+    this.#admission = new Admission(
+      sql,
+      catalog,
+      {
+        maxBatch: MAX_BATCH,
+        maxConcurrent: MAX_CONCURRENT,
+      },
+      { onCreated },
+      { insertRuns: insertChildRuns },
+    );
   }
 
   /**
