@@ -10,6 +10,8 @@
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { Admission } from "../admission/admit.ts";
+import { PoimenError } from "../core/errors.ts";
+import { setTenantQuota } from "../db/tenant_quotas.ts";
 import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { registerVersions } from "../db/catalog.ts";
@@ -68,10 +70,10 @@ const startsGhost = defineWorkflow({
 
 const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost];
 
-function worker(sql: Sql) {
+function worker(sql: Sql, extra: AnyWorkflow[] = []) {
   const { host, port, user, database } = sql.options;
   const url = `postgres://${user}@${host[0]}:${port[0]}/${database}`;
-  return new Worker(sql, new WorkflowRegistry(WORKFLOWS), {
+  return new Worker(sql, new WorkflowRegistry([...WORKFLOWS, ...extra]), {
     leaderSession: () => createPool({ url, max: 1, applicationName: "children-test-leader" }),
     id: `w-${crypto.randomUUID().slice(0, 8)}`,
     concurrency: 8,
@@ -192,6 +194,77 @@ Deno.test("children: a child of a workflow no worker registered fails the parent
     assert.equal(n, 0);
   } finally {
     await w.stop();
+    await db.drop();
+  }
+});
+
+// Starts three children; over the tenant's quota, its step and attempt fail.
+const startsThree = defineWorkflow({
+  name: "starts.three",
+  version: 1,
+  input: z.object({}),
+  maxAttempts: 1,
+  async handler(_input, ctx) {
+    for (let i = 0; i < 3; i++) await ctx.start(`q${i}`, square, { n: i });
+    return null;
+  },
+});
+
+Deno.test("children: over the tenant's quota, a start throws the API's retryable 429 error and the parent's step fails with it", async () => {
+  const db = await freshDatabase();
+  const tenant = "quota-kids";
+  await setTenantQuota(db.sql, tenant, { max_queued: 2 });
+  await registerVersions(db.sql, new WorkflowRegistry(WORKFLOWS).catalogVersions(), "tests");
+  try {
+    const children = new ChildAdmission(db.sql, silentLogger, () => {});
+    const parent = { tenant_id: tenant, run_id: crypto.randomUUID() };
+    const start = (name: string) =>
+      children.start(parent, { name, workflowRef: "square@1", input: { n: 1 } });
+    await start("a");
+    await start("b");
+    const refused = await start("c").then(() => undefined, (e: unknown) => e);
+    assert.ok(refused instanceof PoimenError, String(refused));
+    assert.equal(refused.code, "queue-full");
+    assert.equal(refused.retryable, true);
+    assert.match(refused.message, /max_queued/);
+    // Under the quota again (a child claimed, its count read again), it starts.
+    await setTenantQuota(db.sql, tenant, { max_queued: 3 });
+    await waitFor("the quota read again", () => start("c").then(() => true, () => false), 10_000);
+
+    // Through a worker: the parent's call fails clearly, its attempt with the code.
+    const other = "quota-parent";
+    // None at all: its first child is refused, whatever the worker claimed meanwhile.
+    await setTenantQuota(db.sql, other, { max_queued: 0 });
+    const registry = new WorkflowRegistry([...WORKFLOWS, startsThree]);
+    const admission = new Admission(db.sql, catalogOf(registry), {
+      maxBatch: 16,
+      maxConcurrent: 2,
+    });
+    const top = (await admission.admit({ workflow_ref: "starts.three", input: {} }, {
+      tenantId: other,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    const w = worker(db.sql, [startsThree]);
+    try {
+      await w.start();
+      const done = await waitFor("parent final", async () => {
+        const [row] = await db.sql<{ status: string; error: { code?: string; message: string } }[]>`
+          select status, error from runs where tenant_id = ${other} and run_id = ${top}
+             and status in ('succeeded', 'failed', 'cancelled')`;
+        return row;
+      }, 20_000);
+      assert.equal(done.status, "failed");
+      assert.equal(done.error.code, "queue-full");
+      const [step] = await db.sql<{ name: string; error: { message: string } }[]>`
+        select name, error from run_steps
+         where tenant_id = ${other} and run_id = ${top} and status = 'failed'`;
+      assert.equal(step.name, "q0");
+      assert.match(step.error.message, /max_queued/);
+    } finally {
+      await w.stop();
+    }
+  } finally {
     await db.drop();
   }
 });
