@@ -128,6 +128,12 @@ export interface CancelledTree {
 
 // A tree deeper than this is a bug (a handler starting itself without end).
 const MAX_DEPTH = 1_000;
+// The cascade locks a run, then its children; a finishing child may lock
+// itself, then its parent (child.finished), and an admission batch its
+// parents in no set order: a deadlock Postgres breaks by failing one. The
+// cascade's transaction is then tried again from the start.
+const DEADLOCK = "40P01";
+const MAX_TRIES = 3;
 
 /**
  * Cancels run `runId` (`requestCancel`) and, unless it succeeded or failed,
@@ -141,6 +147,16 @@ export async function cancelTree(
   tenantId: string,
   runId: string,
 ): Promise<CancelledTree> {
+  for (let tries = 1;; tries++) {
+    try {
+      return await cancelTreeOnce(sql, tenantId, runId);
+    } catch (err) {
+      if ((err as { code?: string }).code !== DEADLOCK || tries >= MAX_TRIES) throw err;
+    }
+  }
+}
+
+async function cancelTreeOnce(sql: Sql, tenantId: string, runId: string): Promise<CancelledTree> {
   return await inTransaction(sql, async (tx) => {
     const run = await requestCancel(tx, tenantId, runId);
     const now = run?.status ?? await selectRunStatus(tx, tenantId, runId);
