@@ -12,6 +12,9 @@ import { z } from "zod";
 import { Admission } from "../admission/admit.ts";
 import { PoimenError } from "../core/errors.ts";
 import { setTenantQuota } from "../db/tenant_quotas.ts";
+import { cancelTree } from "../db/cascade.ts";
+import { notifyCancels } from "../db/notify.ts";
+import { childDispatchKey } from "../contracts/runs.ts";
 import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { registerVersions } from "../db/catalog.ts";
@@ -265,6 +268,80 @@ Deno.test("children: over the tenant's quota, a start throws the API's retryable
       await w.stop();
     }
   } finally {
+    await db.drop();
+  }
+});
+
+// Waits for its cancel (its handler's signal), then ends by throwing.
+const hang = defineWorkflow({
+  name: "hang",
+  version: 1,
+  input: z.object({}),
+  async handler(_input, ctx) {
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    throw new Error("aborted");
+  },
+});
+
+// Starts a child that hangs and a detached one, then hangs itself.
+const tree = defineWorkflow({
+  name: "tree",
+  version: 1,
+  input: z.object({}),
+  async handler(_input, ctx) {
+    await ctx.start("hang", hang, {});
+    await ctx.start("free", square, { n: 7 }, { detached: true });
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    throw new Error("aborted");
+  },
+});
+
+Deno.test("children: cancelling a running parent cancels its running child through its worker; a detached child runs to its end", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const registry = new WorkflowRegistry([...WORKFLOWS, hang, tree]);
+  const admission = new Admission(db.sql, catalogOf(registry), { maxBatch: 16, maxConcurrent: 2 });
+  const w = worker(db.sql, [hang, tree]);
+  try {
+    await w.start();
+    const top = (await admission.admit({ workflow_ref: "tree", input: {} }, {
+      tenantId: TENANT,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    const child = (name: string) => async () => {
+      const [row] = await db.sql<{ run_id: string; status: string; result: unknown }[]>`
+        select run_id, status, result from runs
+         where tenant_id = ${TENANT} and dispatch_key = ${childDispatchKey(top, name)}`;
+      return row;
+    };
+    const hung = await waitFor("the child running", async () => {
+      const row = await child("hang")();
+      return row?.status === "running" ? row : undefined;
+    }, 20_000);
+    await waitFor("the detached child started", child("free"), 20_000);
+    await waitFor(
+      "the parent running",
+      async () => (await runRow(db.sql, top))?.status === "running",
+      20_000,
+    );
+
+    const cancelled = await cancelTree(db.sql, TENANT, top);
+    assert.equal(cancelled.run?.status, "running");
+    assert.deepEqual(cancelled.running, [hung.run_id]);
+    await notifyCancels(db.sql, TENANT, [top, ...cancelled.running]);
+
+    assert.equal((await waitFor("parent final", final(db.sql, top), 20_000)).status, "cancelled");
+    assert.equal(
+      (await waitFor("child final", final(db.sql, hung.run_id), 20_000)).status,
+      "cancelled",
+    );
+    const free = await child("free")();
+    const freeDone = await waitFor("detached final", final(db.sql, free.run_id), 20_000);
+    assert.equal(freeDone.status, "succeeded");
+    assert.deepEqual(freeDone.result, { sq: 49 });
+  } finally {
+    await w.stop();
     await db.drop();
   }
 });
