@@ -71,6 +71,20 @@ export interface StartedChild {
 }
 
 /**
+ * Locks runs `runIds` of one tenant (FOR NO KEY UPDATE, as an update
+ * does), in run id order: two admission batches of children of the same
+ * parents (a worker runs two flushes at once) then take the parents' locks
+ * in one order and cannot deadlock, which one UPDATE over them would not
+ * promise (its join decides its order).
+ */
+export async function lockParents(sql: Sql, tenantId: string, runIds: string[]): Promise<void> {
+  await sql`select run_id from runs
+             where tenant_id = ${tenantId} and run_id = any(${runIds}::uuid[])
+             order by run_id
+               for no key update`;
+}
+
+/**
  * Appends `child.started` to the parents of children just created, in the
  * admission's transaction (the children must be visible to it: inserted by
  * an earlier statement of the same transaction), one update per parent.
@@ -87,6 +101,7 @@ export async function noteChildrenStarted(
 ): Promise<string[]> {
   if (children.length === 0) return [];
   const ids = children.map((c) => c.run_id);
+  await lockParents(sql, tenantId, [...new Set(children.map((c) => c.parent_run_id))]);
   const rows = await sql<{ run_id: string; closed: boolean }[]>`
     with c as (
       select run_id, parent_run_id, dispatch_key, workflow_name, workflow_version, detached,

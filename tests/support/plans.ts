@@ -34,7 +34,7 @@ import {
 import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
 import { selectRootRunId } from "../../db/lineage.ts";
 import { cancelRuns, selectRunStatus } from "../../db/cascade.ts";
-import { noteChildrenStarted } from "../../db/child_events.ts";
+import { lockParents, noteChildrenStarted } from "../../db/child_events.ts";
 import { insertChildRuns } from "../../db/child_admission.ts";
 import { correctSlot } from "../../db/slot_reconcile.ts";
 import { repairLanes } from "../../db/lane_repair.ts";
@@ -201,6 +201,11 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "cascade: selectRunStatus (a finished run's cancel)",
       call: (sql) => selectRunStatus(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "children: lockParents (in run id order)",
+      call: (sql) => lockParents(sql, s.tenant, [s.runningRun, crypto.randomUUID()]),
       indexes: { runs: ["runs_pkey"] },
     },
     {
