@@ -15,6 +15,23 @@ import { CHILD_KEY_PREFIX } from "../contracts/runs.ts";
 const nameOf = (alias: string) =>
   `substr(${alias}.dispatch_key, ${CHILD_KEY_PREFIX.length + 36 + 2})`;
 
+/** What a statement embedding `childFinishedMoves` adds to its parents' one update. */
+export interface ChildFinishedOptions {
+  /**
+   * More `col = expr` assignments for the parent's update (the fan-in's
+   * count of unfinished children, a wake-up…), in terms of `p` (the parent
+   * as it was) and `f` (per parent: `n` children finishing here, `n_failed`,
+   * `n_cancelled`). One update per parent row per statement: whatever else
+   * the statement does to the parent must go here.
+   */
+  set?: string;
+  /**
+   * More columns `child_parents` returns (`p.…` as updated, `f.…`), for the
+   * statement's later CTEs.
+   */
+  returning?: string;
+}
+
 /**
  * CTEs appending `child.finished` to the parent of each child in `source`
  * (a CTE of the statement, with `tenant_id`, `run_id`, `parent_run_id`,
@@ -26,11 +43,12 @@ const nameOf = (alias: string) =>
  * (cancel, completion, failure) embeds it after its update, its `source`
  * the final rows it returned. The parent must not be updated by another
  * CTE of the same statement (Postgres applies only one update to a row per
- * statement): a parent and its child made final together are written by
- * two statements (see db/cascade.ts). The CTEs are named `child_parents`
- * and `child_finished`.
+ * statement): what else the statement changes on the parent goes in
+ * `options.set`; a parent made final by the same statement as its child
+ * cannot be (a cancel's cascade makes them final in two statements, see
+ * db/cascade.ts). The CTEs are named `child_parents` and `child_finished`.
  */
-export function childFinishedMoves(source: string): string {
+export function childFinishedMoves(source: string, options: ChildFinishedOptions = {}): string {
   const payload = childFinishedPayload({
     run_id: "s.run_id",
     name: nameOf("s"),
@@ -38,12 +56,17 @@ export function childFinishedMoves(source: string): string {
   });
   return `child_parents as (
       update runs p
-         set event_seq = p.event_seq + f.n
-        from (select tenant_id, parent_run_id, count(*)::int as n from ${source}
+         set event_seq = p.event_seq + f.n${options.set ? `,\n             ${options.set}` : ""}
+        from (select tenant_id, parent_run_id, count(*)::int as n,
+                     (count(*) filter (where status = 'failed'))::int as n_failed,
+                     (count(*) filter (where status = 'cancelled'))::int as n_cancelled
+                from ${source}
                where parent_run_id is not null
                group by 1, 2) f
        where p.tenant_id = f.tenant_id and p.run_id = f.parent_run_id
-      returning p.tenant_id, p.run_id, p.event_seq - f.n as seq0, p.goal_id, p.dispatch_key
+      returning p.tenant_id, p.run_id, p.event_seq - f.n as seq0, p.goal_id, p.dispatch_key${
+    options.returning ? `, ${options.returning}` : ""
+  }
     ),
     child_finished as (
       insert into work_events (${EVENT_COLUMNS})

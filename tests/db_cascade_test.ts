@@ -14,6 +14,7 @@ import { EventMessage } from "../contracts/events.ts";
 import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { cancelTree } from "../db/cascade.ts";
+import { childFinishedMoves } from "../db/child_events.ts";
 import type { Sql } from "../db/pool.ts";
 import { ChildAdmission } from "../worker/child_runs.ts";
 import { catalogOf } from "./support/catalog.ts";
@@ -199,6 +200,47 @@ Deno.test("cascade: children admitted while their parents are cancelled never es
       await timeline(sql, top);
       await timeline(sql, mid);
     }
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("cascade: childFinishedMoves takes the embedding statement's other changes to the parent in its one update", async () => {
+  const { db, root, child } = await world();
+  const { sql } = db;
+  try {
+    const top = await root();
+    const a = await child(top, "a");
+    const b = await child(top, "b");
+    // A statement ending two children at once (as a completion would), with
+    // its own change to the parent folded in.
+    const moves = childFinishedMoves("finished", {
+      set: "priority = p.priority + f.n_failed",
+      returning: "f.n, f.n_failed, f.n_cancelled, p.priority",
+    });
+    const [row] = await sql.unsafe(
+      `with upd as (
+         update runs set status = case when run_id = $3::uuid then 'failed' else 'succeeded' end,
+                         finished_at = now(), event_seq = event_seq + 1
+          where tenant_id = $1 and run_id in ($2::uuid, $3::uuid)
+         returning tenant_id, run_id, parent_run_id, dispatch_key, status
+       ),
+       finished as (select * from upd),
+       ${moves}
+       select n, n_failed, n_cancelled, priority from child_parents`,
+      [TENANT, a, b],
+    );
+    assert.deepEqual({ ...row }, { n: 2, n_failed: 1, n_cancelled: 0, priority: 1 });
+    const finished = (await timeline(sql, top)).filter((e) => e.type === "child.finished");
+    assert.deepEqual(
+      finished.map((e) => e.payload).sort((x, y) =>
+        (x as { name: string }).name.localeCompare((y as { name: string }).name)
+      ),
+      [
+        { run_id: a, name: "a", status: "succeeded" },
+        { run_id: b, name: "b", status: "failed" },
+      ],
+    );
   } finally {
     await db.drop();
   }
