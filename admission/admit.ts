@@ -68,7 +68,7 @@ export interface AdmitContext {
    * A child run's lineage (entry `child`): its parent, and the root of the
    * parent's tree (the parent itself when it is a root).
    */
-  parent?: { run_id: string; root_run_id: string };
+  parent?: { run_id: string; root_run_id: string; detached?: boolean };
 }
 
 export interface AdmitResult {
@@ -212,6 +212,7 @@ export class Admission {
       concurrency_limit: group?.concurrency_limit ?? null,
       parent_run_id: ctx.parent?.run_id ?? null,
       root_run_id: ctx.parent?.root_run_id ?? null,
+      detached: ctx.parent?.detached ?? false,
     };
     try {
       if (wf.debounce) return await this.#debounced(run, wf, req);

@@ -286,7 +286,8 @@ export const ROUTES: Route[] = [
       "`cancel_requested_at`: its handler's signal is aborted and the run ends " +
       "`cancelled` once its worker sees the request (within a heartbeat). " +
       "A cancelled run is returned as it is; a succeeded or failed one is a 409 " +
-      "`run-finished` problem naming its status in `run_status`.",
+      "`run-finished` problem naming its status in `run_status`. Its unfinished, " +
+      "non-detached descendants (child runs) are cancelled with it, in the same transaction.",
     auth: true,
     params: RUN_ID,
     headers: TENANT_HEADER,

@@ -105,6 +105,7 @@ export function toRun(
     concurrency_key: row.concurrency_key,
     parent_run_id: row.parent_run_id ?? null,
     root_run_id: row.root_run_id ?? null,
+    detached: row.detached ?? false,
     ...(occurrence ?? {}),
     ...("waiting_reason" in row && row.waiting_reason !== undefined
       ? { waiting_for: waitingFor(row, row.waiting_reason) }

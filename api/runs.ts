@@ -4,8 +4,8 @@ import { PoimenError } from "../core/errors.ts";
 import { UUID_PATTERN } from "../core/uuid.ts";
 import type { Sql } from "../db/pool.ts";
 import { selectRun, selectRunEvents } from "../db/runs.ts";
-import { requestCancel } from "../db/cancellation.ts";
-import { notifyCancel, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
+import { cancelTree } from "../db/cascade.ts";
+import { notifyCancels, notifyChannels, OUTBOX_CHANNEL } from "../db/notify.ts";
 import type { Logger } from "../core/log.ts";
 import type { Admission } from "../admission/admit.ts";
 import type { QuotaGate } from "../admission/quota.ts";
@@ -227,11 +227,14 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
   // Cancel: idempotent. A queued run is cancelled at once; a running run's
   // cancel is requested and its worker is told (a NOTIFY after the commit;
   // its heartbeat finds the request anyway). Finished runs are left alone.
+  // Its unfinished, non-detached descendants are cancelled with it, in the
+  // same transaction (db/cascade.ts), also when it was cancelled already.
   app.post("/:run_id/cancel", async (c) => {
     const runId = c.req.param("run_id");
     const tenantId = c.get("principal").tenantId;
     if (!UUID_PATTERN.test(runId)) throw new PoimenError("not-found", `no run ${runId}`);
-    const requested = await requestCancel(sql, tenantId, runId);
+    const tree = await cancelTree(sql, tenantId, runId);
+    const requested = tree.run;
     const row = requested ?? await selectRun(sql, tenantId, runId);
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
     if (row.status === "succeeded" || row.status === "failed") {
@@ -239,17 +242,17 @@ export function runsRoutes(deps: RunsDeps): Hono<ApiEnv> {
         extensions: { run_status: row.status },
       });
     }
-    // After the commit, as every wake-up: the running run's worker looks at
-    // it now; a cancelled run's event is pending for the outbox. Rare enough
+    // After the commit, as every wake-up: the running runs' workers look at
+    // them now; cancelled runs' events are pending for the outbox. Rare enough
     // not to be coalesced; lost, it costs a heartbeat or an outbox poll.
-    if (requested) {
-      await (requested.status === "running"
-        ? notifyCancel(sql, tenantId, runId)
-        : notifyChannels(sql, [OUTBOX_CHANNEL]))
-        .catch((error) =>
-          deps.log.warn("cancel notify failed", { tenant: tenantId, run_id: runId, error })
-        );
-    }
+    const running = [...(requested?.status === "running" ? [runId] : []), ...tree.running];
+    const outbox = requested?.status === "cancelled" || tree.cancelled > 0;
+    await Promise.all([
+      notifyCancels(sql, tenantId, running),
+      outbox ? notifyChannels(sql, [OUTBOX_CHANNEL]) : undefined,
+    ]).catch((error) =>
+      deps.log.warn("cancel notify failed", { tenant: tenantId, run_id: runId, error })
+    );
     if (requested) metrics.cancels.inc({ status: requested.status });
     return c.json(toRun(row));
   });

@@ -5,6 +5,8 @@
  * @module
  */
 export type {
+  ChildFinishedPayload,
+  ChildStartedPayload,
   RunAdmittedPayload,
   RunCancelledPayload,
   RunError,

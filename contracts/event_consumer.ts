@@ -21,6 +21,8 @@
  * @module
  */
 export type {
+  ChildFinishedPayload,
+  ChildStartedPayload,
   EventMessage,
   EventMessageOf,
   RunAdmittedPayload,

@@ -185,6 +185,37 @@ export interface SignalReceivedPayload {
   signal_id: string;
 }
 
+/**
+ * `child.started` (on the parent's timeline): a child run this run's
+ * handler started (`ctx.start`) was admitted, in the child's admission
+ * transaction (not on a replay).
+ */
+export interface ChildStartedPayload {
+  /** The child's run id. */
+  run_id: string;
+  /** The call's name in the parent (the child's dispatch key is `child:<parent>:<name>`). */
+  name: string;
+  /** The child's workflow name. */
+  workflow: string;
+  /** The child's pinned version. */
+  workflow_version: number;
+  /** Started with `{ detached: true }`: a cancel of this run does not reach it. */
+  detached: boolean;
+}
+
+/**
+ * `child.finished` (on the parent's timeline): a child run of this run
+ * became final, written in the child's finishing transaction.
+ */
+export interface ChildFinishedPayload {
+  /** The child's run id. */
+  run_id: string;
+  /** The call's name in the parent. */
+  name: string;
+  /** How it ended. */
+  status: "succeeded" | "failed" | "cancelled";
+}
+
 /** Each event type's payload, by type. */
 export interface RunEventPayloads {
   /** The run was made (seq 1). */
@@ -211,6 +242,10 @@ export interface RunEventPayloads {
   "step.failed": StepFailedPayload;
   /** A new signal was stored in the run's mailbox. */
   "signal.received": SignalReceivedPayload;
+  /** A child run it started was admitted. */
+  "child.started": ChildStartedPayload;
+  /** A child run it started became final. */
+  "child.finished": ChildFinishedPayload;
 }
 
 /** An event type poimen writes. */
@@ -223,6 +258,8 @@ export const RUN_EVENT_TYPES: readonly RunEventType[] = [
   "run.started",
   "step.completed",
   "step.failed",
+  "child.started",
+  "child.finished",
   "run.waiting",
   "run.woken",
   "run.succeeded",

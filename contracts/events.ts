@@ -86,6 +86,18 @@ const payloads = {
     error: runError,
   }),
   "signal.received": z.strictObject({ name: z.string(), signal_id: z.string() }),
+  "child.started": z.strictObject({
+    run_id: z.uuid(),
+    name: z.string(),
+    workflow: z.string(),
+    workflow_version: z.number().int().min(1),
+    detached: z.boolean(),
+  }),
+  "child.finished": z.strictObject({
+    run_id: z.uuid(),
+    name: z.string(),
+    status: z.enum(["succeeded", "failed", "cancelled"]),
+  }),
 };
 
 /** Each event type's payload schema, strict: an unknown key or a missing one fails. */
@@ -122,6 +134,8 @@ const typedPayload = z.discriminatedUnion("type", [
   typed("step.completed", {}),
   typed("step.failed", {}),
   typed("signal.received", {}),
+  typed("child.started", {}),
+  typed("child.finished", {}),
 ]);
 
 const eventMessage = z.discriminatedUnion("type", [
@@ -137,6 +151,8 @@ const eventMessage = z.discriminatedUnion("type", [
   typed("step.completed", ENVELOPE),
   typed("step.failed", ENVELOPE),
   typed("signal.received", ENVELOPE),
+  typed("child.started", ENVELOPE),
+  typed("child.finished", ENVELOPE),
 ]);
 
 /** `type` and `payload` of any event: a union discriminated by `type`. */
@@ -193,7 +209,26 @@ const sameShapes: [
   Same<Parsed<"step.completed">, Plain.StepCompletedPayload>,
   Same<Parsed<"step.failed">, Plain.StepFailedPayload>,
   Same<Parsed<"signal.received">, Plain.SignalReceivedPayload>,
+  Same<Parsed<"child.started">, Plain.ChildStartedPayload>,
+  Same<Parsed<"child.finished">, Plain.ChildFinishedPayload>,
   Same<z.infer<typeof typedPayload>, Plain.RunEventBody>,
   Same<z.infer<typeof eventMessage>, Plain.EventMessage>,
-] = [true, true, true, true, true, true, true, true, true, true, true, true, true, true];
+] = [
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+  true,
+];
 void sameShapes;

@@ -255,6 +255,9 @@ export const Run = z.object({
   root_run_id: z.uuid().nullable().describe(
     "The root of its tree of runs; null for a run a caller admitted (a root itself)",
   ),
+  detached: z.boolean().describe(
+    "A child started with `{ detached: true }`: a cancel of its ancestors does not reach it",
+  ),
   debounced: z.boolean().optional().describe(
     "Only on an admission's answer for a debounced workflow: true when the request joined the " +
       "pending run of its debounce key (200: the run's input replaced, its start moved), false " +
@@ -323,6 +326,8 @@ export const RunEvent = z.discriminatedUnion("type", [
   runEventOf("step.completed"),
   runEventOf("step.failed"),
   runEventOf("signal.received"),
+  runEventOf("child.started"),
+  runEventOf("child.finished"),
 ]);
 export type RunEvent = z.infer<typeof RunEvent>;
 

@@ -10,6 +10,8 @@
 import type { RunEventPayloads, RunEventType } from "./event_types.ts";
 
 export type {
+  ChildFinishedPayload,
+  ChildStartedPayload,
   RunAdmittedPayload,
   RunCancelledPayload,
   RunError,
@@ -147,6 +149,8 @@ export interface Run {
   parent_run_id: string | null;
   /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
   root_run_id: string | null;
+  /** A child started with `{ detached: true }`: a cancel of its ancestors does not reach it. */
+  detached: boolean;
   /**
    * Only on an admission's answer for a debounced workflow: true when the
    * request joined the pending run of its debounce key (200), false when it

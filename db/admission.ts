@@ -51,6 +51,8 @@ export interface NewRun {
   parent_run_id?: string | null;
   /** A child run's root (its parent's root, or its parent when that is a root). */
   root_run_id?: string | null;
+  /** A child run a cancel of its ancestors does not reach (`ctx.start`'s `detached`). */
+  detached?: boolean;
 }
 
 /** A run an admission statement returned for entry `i` of its batch. */
@@ -103,18 +105,19 @@ export async function insertRuns(sql: Sql, runs: NewRun[]): Promise<AdmittedRow[
           workflow_version integer, input jsonb, goal_id text, dispatch_key text,
           source text, max_attempts integer, run_after timestamptz, traceparent text,
           priority smallint, concurrency_key text, concurrency_limit integer,
-          parent_run_id uuid, root_run_id uuid)
+          parent_run_id uuid, root_run_id uuid, detached boolean)
     ),
     ins as (
       insert into runs (tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
                         input, goal_id, dispatch_key, source, max_attempts, run_after,
-                        traceparent, priority, concurrency_key, parent_run_id, root_run_id)
+                        traceparent, priority, concurrency_key, parent_run_id, root_run_id,
+                        detached)
       -- jsonb_to_record turns a JSON null into SQL NULL; the column keeps JSON null.
       -- greatest() skips a null: no run_after, or one in the past, is now.
       select tenant_id, run_id, workflow_ref, workflow_name, workflow_version,
              coalesce(input, 'null'::jsonb), goal_id, dispatch_key, source, max_attempts,
              greatest(run_after, now()), traceparent, coalesce(priority, 0), concurrency_key,
-             parent_run_id, root_run_id
+             parent_run_id, root_run_id, coalesce(detached, false)
         from req
        order by tenant_id, dispatch_key, i
       on conflict (tenant_id, dispatch_key) where dispatch_key is not null do nothing

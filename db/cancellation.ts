@@ -11,6 +11,7 @@ import type { Sql } from "./pool.ts";
 import { runColumns, type RunRow } from "./runs.ts";
 import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
 import { cancelledPayload, NULL_JSONB, NULL_TEXT } from "./event_payloads.ts";
+import { childFinishedMoves } from "./child_events.ts";
 
 const RUN_COLUMNS = runColumns();
 // A cancelled queued run leaves its concurrency group's queue; a running one
@@ -28,6 +29,8 @@ const CANCELLED_QUEUED = cancelledPayload({
   reason: NULL_TEXT,
   worker: NULL_TEXT,
 });
+// A child cancelled here is final: its parent's `child.finished`.
+const CHILD_FINISHED = childFinishedMoves("finished");
 
 /**
  * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
@@ -72,7 +75,12 @@ export async function requestCancel(
              ${sql.unsafe(CANCELLED_QUEUED)}, now()
         from upd
        where status = 'cancelled'
-    )
+    ),
+    finished as (
+      select tenant_id, run_id, parent_run_id, dispatch_key, status from upd
+       where status = 'cancelled'
+    ),
+    ${sql.unsafe(CHILD_FINISHED)}
     select ${sql.unsafe(RUN_COLUMNS)}, input from upd`;
   return row;
 }

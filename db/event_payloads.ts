@@ -8,6 +8,8 @@
  * event written strictly (contracts/events.ts), which checks the values.
  */
 import type {
+  ChildFinishedPayload,
+  ChildStartedPayload,
   RunAdmittedPayload,
   RunCancelledPayload,
   RunFailedPayload,
@@ -90,6 +92,16 @@ export function stepFailedPayload(e: Exprs<StepFailedPayload>): string {
 
 /** `signal.received`: `{name, signal_id}`. */
 export function signalReceivedPayload(e: Exprs<SignalReceivedPayload>): string {
+  return jsonbObject(e);
+}
+
+/** `child.started`: `{run_id, name, workflow, workflow_version, detached}`. */
+export function childStartedPayload(e: Exprs<ChildStartedPayload>): string {
+  return jsonbObject(e);
+}
+
+/** `child.finished`: `{run_id, name, status}`. */
+export function childFinishedPayload(e: Exprs<ChildFinishedPayload>): string {
   return jsonbObject(e);
 }
 

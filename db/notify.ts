@@ -35,6 +35,13 @@ export async function notifyCancel(sql: Sql, tenantId: string, runId: string): P
   await sql`select pg_notify(${CANCEL_CHANNEL}, ${`${tenantId}/${runId}`})`;
 }
 
+/** `notifyCancel` for each of `runIds` of one tenant, in one statement (a cancel cascade's). */
+export async function notifyCancels(sql: Sql, tenantId: string, runIds: string[]): Promise<void> {
+  if (runIds.length === 0) return;
+  await sql`select pg_notify(${CANCEL_CHANNEL}, ${tenantId} || '/' || r)
+              from unnest(${runIds}::text[]) as r`;
+}
+
 /**
  * `NOTIFY poimen_runs`: wakes listening workers. Call it after the
  * transaction that queued runs committed, not inside it, and coalesce calls

@@ -36,6 +36,8 @@ export interface RunRow {
   parent_run_id: string | null;
   /** The root of its tree of runs; null for a run a caller admitted (a root itself). */
   root_run_id: string | null;
+  /** A child that a cancel of its ancestors does not reach (migration 030); false for a root. */
+  detached: boolean;
 }
 
 /** A run's status; the set is a wire contract (contracts/runs.ts). */
@@ -65,6 +67,7 @@ const RUN_COLUMN_NAMES = [
   "concurrency_key",
   "parent_run_id",
   "root_run_id",
+  "detached",
 ] as const;
 
 /** The columns of `RunRow` as a SQL list, qualified by `alias` when given. */

@@ -937,6 +937,21 @@ create index schedules_due_idx on schedules (next_at) where next_at is not null;
 `,
   },
   {
+    version: 30,
+    name: "run_detached",
+    sql: `\
+-- Detached child runs (issue 31): \`ctx.start(name, wf, input, { detached:
+-- true })\` starts a child that a cancel of its parent (or of any ancestor)
+-- does not cascade to: it lives its own life, though it keeps its lineage
+-- (parent_run_id, root_run_id) for the console and retention. Set once, at
+-- admission (db/admission.ts); false for every run a caller admitted.
+--
+-- A constant default is stored in the catalog, not in each row: adding the
+-- column rewrites nothing and locks the table only for the catalog change.
+alter table runs add column detached boolean not null default false;
+`,
+  },
+  {
     version: 32,
     name: "debounce",
     sql: `\

@@ -14,6 +14,8 @@
  */
 import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
+import { silentLogger } from "../core/log.ts";
+import { ChildAdmission } from "../worker/child_runs.ts";
 import { insertTenant } from "../db/auth.ts";
 import type { Sql } from "../db/pool.ts";
 import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attempt_end.ts";
@@ -175,6 +177,14 @@ async function durableRuns(w: World): Promise<[string, string]> {
   assert.equal(sent.outcome === "created" && sent.woken, true);
   f = fence(await w.claim(id));
   assert.equal((await settleSignalWait(sql, f, go)).outcome, "signal");
+  // A child it started, cancelled while queued: `child.started` and
+  // `child.finished` on this run's timeline.
+  const kid = await new ChildAdmission(sql, silentLogger, () => {}).start(
+    { tenant_id: TENANT, run_id: id },
+    { name: "kid", workflowRef: "echo@1", input: 1 },
+  );
+  assert.equal((await requestCancel(sql, TENANT, kid.run_id))?.status, "cancelled");
+
   assert.equal(await completeRun(sql, TENANT, id, OWNER, f.attempt, "done"), true);
 
   // Cancelled while waiting: no attempt ended.
@@ -272,6 +282,8 @@ Deno.test("events: every event every statement writes parses strictly, every typ
       "every type is written",
     );
     assert.deepEqual([...new Set(events.map(variant))].sort(), [
+      "child.finished",
+      "child.started",
       "run.admitted",
       "run.cancelled aborted",
       "run.cancelled lease expired",
@@ -354,7 +366,9 @@ function assertDurable(events: EventMessage[], parked: EventMessage[]): void {
     [15, "run.woken", "g-d", "k-d"],
     [16, "run.started", "g-d", "k-d"],
     [17, "step.completed", "g-d", "k-d"],
-    [18, "run.succeeded", "g-d", "k-d"],
+    [18, "child.started", "g-d", "k-d"],
+    [19, "child.finished", "g-d", "k-d"],
+    [20, "run.succeeded", "g-d", "k-d"],
   ]);
   const at = (seq: number) => events.find((e) => e.seq === seq)!.payload;
   const untilOf = (seq: number) => (at(seq) as { until: string | null }).until;

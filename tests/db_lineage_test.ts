@@ -123,3 +123,38 @@ Deno.test("lineage: children record parent and root, dedup by their derived key,
     await db.drop();
   }
 });
+
+Deno.test("lineage: a detached child is stored detached; every other run is not", async () => {
+  const db = await freshDatabase();
+  const tenant = "lineage-2";
+  try {
+    await insertTenant(db.sql, tenant);
+    const admission = new Admission(db.sql, catalogOf(), { maxBatch: 50, maxConcurrent: 1 });
+    const root = (await admission.admit({ workflow_ref: "echo", input: 0 }, {
+      tenantId: tenant,
+      source: "test",
+      entry: "http",
+    })).run;
+    const child = (name: string, detached?: boolean) =>
+      admission.admit(
+        { workflow_ref: "echo", input: name, dispatch_key: childDispatchKey(root.run_id, name) },
+        {
+          tenantId: tenant,
+          source: `run:${root.run_id}`,
+          entry: "child",
+          parent: { run_id: root.run_id, root_run_id: root.run_id, detached },
+        },
+      );
+    const [d, a] = [await child("d", true), await child("a")];
+    assert.equal(root.detached, false);
+    assert.equal(d.run.detached, true);
+    assert.equal(a.run.detached, false);
+    const rows = await selectRuns(db.sql, tenant, { parentRunId: root.run_id, limit: 10 });
+    assert.deepEqual(
+      rows.map((r) => [r.run_id, r.detached]).sort(),
+      [[d.run.run_id, true], [a.run.run_id, false]].sort(),
+    );
+  } finally {
+    await db.drop();
+  }
+});

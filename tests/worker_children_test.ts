@@ -10,6 +10,11 @@
 import assert from "node:assert/strict";
 import { z } from "zod";
 import { Admission } from "../admission/admit.ts";
+import { PoimenError } from "../core/errors.ts";
+import { setTenantQuota } from "../db/tenant_quotas.ts";
+import { cancelTree } from "../db/cascade.ts";
+import { notifyCancels } from "../db/notify.ts";
+import { childDispatchKey } from "../contracts/runs.ts";
 import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { registerVersions } from "../db/catalog.ts";
@@ -68,10 +73,10 @@ const startsGhost = defineWorkflow({
 
 const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost];
 
-function worker(sql: Sql) {
+function worker(sql: Sql, extra: AnyWorkflow[] = []) {
   const { host, port, user, database } = sql.options;
   const url = `postgres://${user}@${host[0]}:${port[0]}/${database}`;
-  return new Worker(sql, new WorkflowRegistry(WORKFLOWS), {
+  return new Worker(sql, new WorkflowRegistry([...WORKFLOWS, ...extra]), {
     leaderSession: () => createPool({ url, max: 1, applicationName: "children-test-leader" }),
     id: `w-${crypto.randomUUID().slice(0, 8)}`,
     concurrency: 8,
@@ -190,6 +195,151 @@ Deno.test("children: a child of a workflow no worker registered fails the parent
     const [{ n }] = await db.sql<{ n: number }[]>`
       select count(*)::int as n from runs where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
     assert.equal(n, 0);
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+// Starts three children; over the tenant's quota, its step and attempt fail.
+const startsThree = defineWorkflow({
+  name: "starts.three",
+  version: 1,
+  input: z.object({}),
+  maxAttempts: 1,
+  async handler(_input, ctx) {
+    for (let i = 0; i < 3; i++) await ctx.start(`q${i}`, square, { n: i });
+    return null;
+  },
+});
+
+Deno.test("children: over the tenant's quota, a start throws the API's retryable 429 error and the parent's step fails with it", async () => {
+  const db = await freshDatabase();
+  const tenant = "quota-kids";
+  await setTenantQuota(db.sql, tenant, { max_queued: 2 });
+  await registerVersions(db.sql, new WorkflowRegistry(WORKFLOWS).catalogVersions(), "tests");
+  try {
+    const children = new ChildAdmission(db.sql, silentLogger, () => {});
+    const parent = { tenant_id: tenant, run_id: crypto.randomUUID() };
+    const start = (name: string) =>
+      children.start(parent, { name, workflowRef: "square@1", input: { n: 1 } });
+    await start("a");
+    await start("b");
+    const refused = await start("c").then(() => undefined, (e: unknown) => e);
+    assert.ok(refused instanceof PoimenError, String(refused));
+    assert.equal(refused.code, "queue-full");
+    assert.equal(refused.retryable, true);
+    assert.match(refused.message, /max_queued/);
+    // Under the quota again (a child claimed, its count read again), it starts.
+    await setTenantQuota(db.sql, tenant, { max_queued: 3 });
+    await waitFor("the quota read again", () => start("c").then(() => true, () => false), 10_000);
+
+    // Through a worker: the parent's call fails clearly, its attempt with the code.
+    const other = "quota-parent";
+    // None at all: its first child is refused, whatever the worker claimed meanwhile.
+    await setTenantQuota(db.sql, other, { max_queued: 0 });
+    const registry = new WorkflowRegistry([...WORKFLOWS, startsThree]);
+    const admission = new Admission(db.sql, catalogOf(registry), {
+      maxBatch: 16,
+      maxConcurrent: 2,
+    });
+    const top = (await admission.admit({ workflow_ref: "starts.three", input: {} }, {
+      tenantId: other,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    const w = worker(db.sql, [startsThree]);
+    try {
+      await w.start();
+      const done = await waitFor("parent final", async () => {
+        const [row] = await db.sql<{ status: string; error: { code?: string; message: string } }[]>`
+          select status, error from runs where tenant_id = ${other} and run_id = ${top}
+             and status in ('succeeded', 'failed', 'cancelled')`;
+        return row;
+      }, 20_000);
+      assert.equal(done.status, "failed");
+      assert.equal(done.error.code, "queue-full");
+      const [step] = await db.sql<{ name: string; error: { message: string } }[]>`
+        select name, error from run_steps
+         where tenant_id = ${other} and run_id = ${top} and status = 'failed'`;
+      assert.equal(step.name, "q0");
+      assert.match(step.error.message, /max_queued/);
+    } finally {
+      await w.stop();
+    }
+  } finally {
+    await db.drop();
+  }
+});
+
+// Waits for its cancel (its handler's signal), then ends by throwing.
+const hang = defineWorkflow({
+  name: "hang",
+  version: 1,
+  input: z.object({}),
+  async handler(_input, ctx) {
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    throw new Error("aborted");
+  },
+});
+
+// Starts a child that hangs and a detached one, then hangs itself.
+const tree = defineWorkflow({
+  name: "tree",
+  version: 1,
+  input: z.object({}),
+  async handler(_input, ctx) {
+    await ctx.start("hang", hang, {});
+    await ctx.start("free", square, { n: 7 }, { detached: true });
+    await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+    throw new Error("aborted");
+  },
+});
+
+Deno.test("children: cancelling a running parent cancels its running child through its worker; a detached child runs to its end", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const registry = new WorkflowRegistry([...WORKFLOWS, hang, tree]);
+  const admission = new Admission(db.sql, catalogOf(registry), { maxBatch: 16, maxConcurrent: 2 });
+  const w = worker(db.sql, [hang, tree]);
+  try {
+    await w.start();
+    const top = (await admission.admit({ workflow_ref: "tree", input: {} }, {
+      tenantId: TENANT,
+      source: "test",
+      entry: "http",
+    })).run.run_id;
+    const child = (name: string) => async () => {
+      const [row] = await db.sql<{ run_id: string; status: string; result: unknown }[]>`
+        select run_id, status, result from runs
+         where tenant_id = ${TENANT} and dispatch_key = ${childDispatchKey(top, name)}`;
+      return row;
+    };
+    const hung = await waitFor("the child running", async () => {
+      const row = await child("hang")();
+      return row?.status === "running" ? row : undefined;
+    }, 20_000);
+    await waitFor("the detached child started", child("free"), 20_000);
+    await waitFor(
+      "the parent running",
+      async () => (await runRow(db.sql, top))?.status === "running",
+      20_000,
+    );
+
+    const cancelled = await cancelTree(db.sql, TENANT, top);
+    assert.equal(cancelled.run?.status, "running");
+    assert.deepEqual(cancelled.running, [hung.run_id]);
+    await notifyCancels(db.sql, TENANT, [top, ...cancelled.running]);
+
+    assert.equal((await waitFor("parent final", final(db.sql, top), 20_000)).status, "cancelled");
+    assert.equal(
+      (await waitFor("child final", final(db.sql, hung.run_id), 20_000)).status,
+      "cancelled",
+    );
+    const free = await child("free")();
+    const freeDone = await waitFor("detached final", final(db.sql, free.run_id), 20_000);
+    assert.equal(freeDone.status, "succeeded");
+    assert.deepEqual(freeDone.result, { sq: 49 });
   } finally {
     await w.stop();
     await db.drop();

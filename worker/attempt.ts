@@ -6,6 +6,7 @@
  * requested or the worker shuts down, and checking its result against the
  * version's output schema.
  */
+import { PoimenError } from "../core/errors.ts";
 import type { Logger } from "../core/log.ts";
 import type { AttemptError } from "../db/attempt_end.ts";
 import type { ClaimedRun } from "../db/claims.ts";
@@ -163,7 +164,12 @@ export async function runHandler(
     return {
       ok: false,
       final: false,
-      error: { message: errorMessage(err), name: err instanceof Error ? err.name : undefined },
+      // A PoimenError (ctx.start's admission, its quota gate) keeps its code.
+      error: {
+        message: errorMessage(err),
+        name: err instanceof Error ? err.name : undefined,
+        ...(err instanceof PoimenError ? { code: err.code } : {}),
+      },
     };
   }
   const result = ended.result;

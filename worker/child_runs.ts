@@ -16,14 +16,23 @@
  * The catalog is read when a workflow is first met (the kernel refreshes
  * on a miss) and never listened to: a child is started by its definition's
  * `name@version`, which never changes once registered, so nothing here can
- * go stale. Not yet here: the tenant's quota gate (admission/quota.ts),
- * which stays at the API's door.
+ * go stale. Each admission also writes the parent's `child.started` and
+ * cancels a child whose parent's cancel won the race (db/child_admission.ts).
+ *
+ * The tenant's quotas apply as at the API's door (admission/quota.ts, the
+ * same gate, one per worker): over `max_queued` or `admission_rate`, the
+ * start throws the API's 429 error (`queue-full`, `rate-limited`: a
+ * retryable `PoimenError`), which fails the parent's step and its attempt,
+ * retried later. The quotas are read again at most every
+ * CHILD_QUOTA_REFRESH_MS, when a child is started (no timer to stop).
  */
 import { Admission } from "../admission/admit.ts";
+import { QuotaGate } from "../admission/quota.ts";
 import { WorkflowCatalog } from "../admission/catalog.ts";
 import type { Logger } from "../core/log.ts";
 import { childDispatchKey } from "../contracts/runs.ts";
 import { selectRootRunId } from "../db/lineage.ts";
+import { insertChildRuns } from "../db/child_admission.ts";
 import type { Sql } from "../db/pool.ts";
 import type { RunRow } from "../db/runs.ts";
 import type { ChildRun, StartOptions } from "../workflows/durable.ts";
@@ -43,11 +52,15 @@ export interface ChildRequest {
   workflowRef: string;
   input: unknown;
   priority?: number;
+  /** Not reached by a cancel of its ancestors (`StartOptions.detached`). */
+  detached?: boolean;
 }
 
 // Admission batches: children a handler starts at once share a flush.
 const MAX_BATCH = 500;
 const MAX_CONCURRENT = 2;
+/** How often a worker reads the tenants' quotas again, at most (as QUOTA_REFRESH_MS at the API). */
+export const CHILD_QUOTA_REFRESH_MS = 1_000;
 // Unused: the catalog is never started (see the module comment), so it never listens.
 const CATALOG_REFRESH_MS = 30_000;
 
@@ -56,40 +69,64 @@ export class ChildAdmission {
   readonly #sql: Sql;
   readonly #admission: Admission;
   readonly #roots = new Map<string, string>();
+  readonly #quota: QuotaGate;
+  readonly #log: Logger;
+  #quotaReadAt = performance.now();
 
   constructor(sql: Sql, log: Logger, onCreated: () => void) {
     this.#sql = sql;
+    this.#log = log;
+    this.#quota = new QuotaGate(sql, { refreshMs: CHILD_QUOTA_REFRESH_MS, log });
     const catalog = new WorkflowCatalog(sql, {
       refreshMs: CATALOG_REFRESH_MS,
       listen: () => sql,
       log,
     });
-    this.#admission = new Admission(sql, catalog, {
-      maxBatch: MAX_BATCH,
-      maxConcurrent: MAX_CONCURRENT,
-    }, { onCreated });
+    this.#admission = new Admission(
+      sql,
+      catalog,
+      {
+        maxBatch: MAX_BATCH,
+        maxConcurrent: MAX_CONCURRENT,
+      },
+      { onCreated },
+      { insertRuns: insertChildRuns },
+    );
   }
 
   /**
    * Admits `child` for `parent` (or finds the child admitted before under
    * its key). Throws the kernel's typed errors: `unknown-workflow`,
-   * `validation` (the input against the child's schema), `unavailable`.
+   * `validation` (the input against the child's schema), `unavailable`;
+   * and the quota gate's: `queue-full`, `rate-limited` (retryable).
    */
   async start(parent: ParentRun, child: ChildRequest): Promise<RunRow> {
     const root = await this.#rootOf(parent);
-    const { run } = await this.#admission.admit({
-      workflow_ref: child.workflowRef,
-      input: child.input,
-      dispatch_key: childDispatchKey(parent.run_id, child.name),
-      priority: child.priority,
-    }, {
-      tenantId: parent.tenant_id,
-      source: `run:${parent.run_id}`,
-      entry: "child",
-      traceparent: parent.traceparent ?? undefined,
-      parent: { run_id: parent.run_id, root_run_id: root },
-    });
+    this.#refreshQuotas();
+    const { run } = await this.#quota.admit(parent.tenant_id, () =>
+      this.#admission.admit({
+        workflow_ref: child.workflowRef,
+        input: child.input,
+        dispatch_key: childDispatchKey(parent.run_id, child.name),
+        priority: child.priority,
+      }, {
+        tenantId: parent.tenant_id,
+        source: `run:${parent.run_id}`,
+        entry: "child",
+        traceparent: parent.traceparent ?? undefined,
+        parent: { run_id: parent.run_id, root_run_id: root, detached: child.detached ?? false },
+      }));
     return run;
+  }
+
+  /** Reads the quotas again in the background when the last read is CHILD_QUOTA_REFRESH_MS old. */
+  #refreshQuotas(): void {
+    const now = performance.now();
+    if (now - this.#quotaReadAt < CHILD_QUOTA_REFRESH_MS) return;
+    this.#quotaReadAt = now;
+    this.#quota.refresh().catch((error) =>
+      this.#log.warn("tenant quotas not read; retrying", { error })
+    );
   }
 
   /** The parent's root, read once per parent run (it never changes). */
@@ -137,6 +174,7 @@ export async function startChild<O>(
       workflowRef: `${definition.name}@${definition.version}`,
       input,
       priority: options.priority,
+      detached: options.detached === true,
     });
     return { run_id: child.run_id };
   });

@@ -45,6 +45,11 @@ export interface WaitForSignalOptions {
 export interface StartOptions {
   /** The child's priority, -10..10 (higher first within the tenant); 0 by default. */
   priority?: number;
+  /**
+   * A detached child: cancelling this run (or any of its ancestors) does not
+   * cancel it, nor its own children; it keeps its lineage. false by default.
+   */
+  detached?: boolean;
 }
 
 /**

@@ -78,6 +78,9 @@ const securityHeaders: MiddlewareHandler<ApiEnv> = async (c, next) => {
   c.res.headers.set("cache-control", "no-store");
 };
 
+// A run page lists this many of its children; the rest are a link away.
+const CHILDREN_SHOWN = 50;
+
 // The /v1/runs query, except that the filter form sends its empty fields,
 // which mean "any".
 const ConsoleRunsQuery = z.preprocess(
@@ -171,6 +174,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         tenant={tenant}
         filter={{
           status: q.status,
+          parent_run_id: q.parent_run_id,
           goal_id: q.goal_id,
           dispatch_key: q.dispatch_key,
           limit: c.req.query("limit") ? q.limit : undefined,
@@ -189,9 +193,10 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
       ? await selectRun(sql, tenant, runId, { waiting: true })
       : undefined;
     if (!row) throw new PoimenError("not-found", `no run ${runId}`);
-    const [events, steps] = await Promise.all([
+    const [events, steps, children] = await Promise.all([
       selectRunEvents(sql, tenant, runId, MAX_RUN_EVENTS),
       selectStepSummaries(sql, tenant, runId),
+      listRunsPage(sql, tenant, { parent_run_id: runId, limit: CHILDREN_SHOWN }),
     ]);
     return c.html(
       <RunFragment
@@ -199,6 +204,7 @@ export function consoleRoutes(deps: ConsoleDeps): Hono<ApiEnv> {
         run={toRun(row, steps)}
         events={events.map(toRunEvent)}
         eventSeq={row.event_seq}
+        tree={{ children: children.runs, more: children.next_cursor !== null }}
       />,
     );
   });

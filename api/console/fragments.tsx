@@ -18,6 +18,7 @@ import { QuotaUse } from "./quota_use.tsx";
 import type { WaitingGroup, WaitingTotals } from "../../db/concurrency_overview.ts";
 import { ConcurrencyWaiting } from "./concurrency_waiting.tsx";
 import { DurableWait, signalable, SignalForm, StepTimeline } from "./durable.tsx";
+import { RunTree, type TreeChild } from "./tree.tsx";
 
 /** The run statuses a filter offers. */
 export const STATUSES = [
@@ -59,6 +60,8 @@ function Tenant({ tenant }: { tenant: string }) {
 /** The filters of the runs list, as the form and the links carry them. */
 export interface RunsFilter {
   status?: string;
+  /** A run's children (its page's "all its children" link). */
+  parent_run_id?: string;
   goal_id?: string;
   dispatch_key?: string;
   limit?: number;
@@ -67,6 +70,7 @@ export interface RunsFilter {
 function filterParams(f: RunsFilter, cursor?: string): string {
   const p = new URLSearchParams();
   if (f.status) p.set("status", f.status);
+  if (f.parent_run_id) p.set("parent_run_id", f.parent_run_id);
   if (f.goal_id) p.set("goal_id", f.goal_id);
   if (f.dispatch_key) p.set("dispatch_key", f.dispatch_key);
   if (f.limit) p.set("limit", String(f.limit));
@@ -185,11 +189,13 @@ function WaitingFor({ waiting }: { waiting: NonNullable<Run["waiting_for"]> }) {
  * where app.js resumes the run's event stream, so an event already shown
  * does not reload the fragment again.
  */
-export function RunFragment({ tenant, run, events, eventSeq }: {
+export function RunFragment({ tenant, run, events, eventSeq, tree }: {
   tenant: string;
   run: Run;
   events: RunEvent[];
   eventSeq: number;
+  /** Its children (the first page) and whether it has more. */
+  tree: { children: TreeChild[]; more: boolean };
 }) {
   return (
     <section id="run" data-event-seq={String(eventSeq)} data-status={run.status}>
@@ -264,6 +270,7 @@ export function RunFragment({ tenant, run, events, eventSeq }: {
             <Json id="run-result" value={run.result} />
           </>
         )}
+      <RunTree run={run} listed={tree.children} more={tree.more} />
       {run.steps?.length ? <StepTimeline steps={run.steps} /> : ""}
       {signalable(run) ? <SignalForm run={run} /> : ""}
       <h2>Events</h2>

@@ -34,6 +34,9 @@ import {
 } from "../../db/queue_overview.ts";
 import { selectRun, selectRunEvents, selectRuns } from "../../db/runs.ts";
 import { selectRootRunId } from "../../db/lineage.ts";
+import { cancelRuns, selectRunStatus } from "../../db/cascade.ts";
+import { lockParents, noteChildrenStarted } from "../../db/child_events.ts";
+import { insertChildRuns } from "../../db/child_admission.ts";
 import { correctSlot } from "../../db/slot_reconcile.ts";
 import { repairLanes } from "../../db/lane_repair.ts";
 import { countQueuedRuns } from "../../db/tenant_quotas.ts";
@@ -210,6 +213,48 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "api: selectRuns, a root's tree (?root_run_id=)",
       call: (sql) => selectRuns(sql, s.tenant, { rootRunId: s.runningRun, limit: 51 }),
       indexes: { runs: ["runs_root_idx"] },
+    },
+    {
+      name: "cascade: cancelRuns, a level of a cancelled tree (the children of runs)",
+      call: (sql) => cancelRuns(sql, s.tenant, { childrenOf: [s.runningRun] }),
+      indexes: { runs: ["runs_parent_idx", "runs_pkey"] },
+    },
+    {
+      name: "cascade: cancelRuns, children admitted under a cancelled parent (by run id)",
+      call: (sql) => cancelRuns(sql, s.tenant, { runIds: [s.runningRun] }),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "cascade: selectRunStatus (a finished run's cancel)",
+      call: (sql) => selectRunStatus(sql, s.tenant, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "children: lockParents (in run id order)",
+      call: (sql) => lockParents(sql, s.tenant, [s.runningRun, crypto.randomUUID()]),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "children: noteChildrenStarted (child.started, the parent's row lock)",
+      call: (sql) =>
+        noteChildrenStarted(sql, s.tenant, [
+          { run_id: s.runningRun, parent_run_id: s.runningRun, detached: false },
+        ]),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      name: "children: insertChildRuns (insertRuns, then the parents' child.started)",
+      call: (sql) =>
+        insertChildRuns(
+          sql,
+          batch.slice(0, 4).map((r) => ({
+            ...r,
+            dispatch_key: `child:${s.runningRun}:${r.dispatch_key}`,
+            parent_run_id: s.runningRun,
+            root_run_id: s.runningRun,
+          })),
+        ),
+      indexes: { runs: ["runs_dispatch_key_uq", "runs_pkey"] },
     },
     {
       name: "queue: heartbeat",
