@@ -9,17 +9,15 @@
  */
 import type { Sql } from "./pool.ts";
 import { runColumns, type RunRow } from "./runs.ts";
-import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS } from "./queue_sql.ts";
+import { fanIn } from "./fan_in.ts";
 import { cancelledPayload, NULL_JSONB, NULL_TEXT } from "./event_payloads.ts";
 
 const RUN_COLUMNS = runColumns();
 // A cancelled queued run leaves its concurrency group's queue; a running one
 // keeps its slot until its worker ends it.
-const CANCELLED_SLOTS = slotCountMoves(
-  "upd",
-  "0",
-  "case when was_queued then -1 else 0 end",
-);
+// A run cancelled at once is delivered to its waiting parent (db/fan_in.ts).
+const CANCELLED_SLOTS = fanIn("upd", "0", "case when was_queued then -1 else 0 end");
 // A queued run ends no attempt: no error, reason or worker.
 const CANCELLED_QUEUED = cancelledPayload({
   attempt: "attempts",
