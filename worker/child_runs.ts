@@ -124,6 +124,7 @@ export async function startChild<O>(
   run: ParentRun,
   step: (fn: (stepKey: string) => Promise<{ run_id: string }>) => Promise<{ run_id: string }>,
   call: StartCall,
+  result: (runId: string) => Promise<O>,
 ): Promise<ChildRun<O>> {
   const { name, definition, input, options = {} } = call;
   if (!children) throw new TypeError(`ctx.start ${name}: this worker cannot start child runs`);
@@ -140,5 +141,6 @@ export async function startChild<O>(
     });
     return { run_id: child.run_id };
   });
-  return { runId: started.run_id };
+  const runId = started.run_id;
+  return { runId, result: () => result(runId) };
 }

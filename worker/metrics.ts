@@ -201,7 +201,8 @@ export function createWorkerMetrics(
   });
   const suspended = new client.Counter({
     name: "poimen_worker_suspended_total",
-    help: "Runs this worker suspended (waiting for a long sleep's end or a signal), by reason",
+    help:
+      "Runs this worker suspended (waiting for a long sleep's end, a signal or its children), by reason",
     labelNames: ["reason"] as const,
     registers,
   });
