@@ -181,7 +181,7 @@ export function createWorkerMetrics(
   new client.Gauge({
     name: "poimen_runs_waiting",
     help:
-      `Waiting runs (suspended, all tenants) by what they wait for: sleep (a long ctx.sleep) or signal (ctx.waitForSignal), each counted up to ${QUEUE_GAUGE_CAP}; reported by the leader only`,
+      `Waiting runs (suspended, all tenants) by what they wait for: sleep (a long ctx.sleep), signal (ctx.waitForSignal) or children (result(), ctx.map), each counted up to ${QUEUE_GAUGE_CAP}; reported by the leader only`,
     labelNames: ["reason"] as const,
     registers,
     async collect() {

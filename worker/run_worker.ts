@@ -52,6 +52,7 @@ export type {
   Fields,
   InputSchema,
   Logger,
+  MapOptions,
   Schema,
   Signal,
   SignalPayload,
@@ -67,6 +68,7 @@ export type {
   WorkflowOptions,
   WorkflowResult,
 } from "../workflows/define.ts";
+export { ChildRunFailed } from "../workflows/define.ts";
 
 /** What `runWorker` takes. */
 export interface RunWorkerOptions {
