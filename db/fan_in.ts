@@ -150,7 +150,9 @@ function groupOf(parentRunId: string, group: string) {
 
 /**
  * Suspends the parent run `f`'s attempt holds until the children of
- * `group` are final (or, `failFast`, one of them failed): `waiting` with
+ * `group` are final (or, `failFast`, one of them failed; or, with `slack`,
+ * until all but `slack` of its unfinished ones are: a map refilling up to
+ * its `concurrency`): `waiting` with
  * reason `children`, `children_awaited` the group's unfinished children,
  * given back all a suspend gives back (db/suspension.ts), with
  * `run.waiting`. `ready` when there is nothing to wait for (none
@@ -161,7 +163,7 @@ function groupOf(parentRunId: string, group: string) {
 export async function awaitChildren(
   sql: Sql,
   f: StepFence,
-  wait: { group: string; failFast: boolean },
+  wait: { group: string; failFast: boolean; slack?: number },
 ): Promise<SuspendOutcome> {
   const { key, prefix } = groupOf(f.run_id, wait.group);
   return await inTransaction(sql, async (t) => {
@@ -191,13 +193,13 @@ export async function awaitChildren(
                run_after = 'infinity',
                wait_reason = 'children',
                wait_name = ${wait.group},
-               children_awaited = (select open from kids),
+               children_awaited = (select open from kids) - ${wait.slack ?? 0}::int,
                wait_fail_fast = ${wait.failFast},
                updated_at = now(),
                event_seq = event_seq + 1
          where tenant_id = ${f.tenant_id} and run_id = ${f.run_id}
            and lease_owner = ${f.owner} and attempts = ${f.attempt} and status = 'running'
-           and (select open from kids) > 0
+           and (select open from kids) - ${wait.slack ?? 0}::int > 0
            and not (${wait.failFast}::boolean and (select failed from kids))
         returning tenant_id, run_id, goal_id, dispatch_key, event_seq, workflow_name,
                   concurrency_key
@@ -212,6 +214,41 @@ export async function awaitChildren(
       select count(*)::int as n from upd`;
     return row.n > 0 ? "suspended" as const : "ready" as const;
   });
+}
+
+/** Where a map's children stand (`childGroupState`). */
+export interface ChildGroupState {
+  /** Children admitted so far. */
+  admitted: number;
+  /** Of them, not final. */
+  open: number;
+  /** One of them failed or was cancelled. */
+  failed: boolean;
+  /** The highest `<i>` of `<name>#c<i>` admitted; -1: none. */
+  last: number;
+}
+
+/**
+ * How many of a map's children (`<group>#c<i>`) are admitted, how many are
+ * unfinished, whether one failed: counts only, one range of
+ * runs_parent_idx, what a map with `concurrency` reads to admit the next.
+ */
+export async function childGroupState(
+  sql: Sql,
+  tenantId: string,
+  parentRunId: string,
+  group: string,
+): Promise<ChildGroupState> {
+  const { prefix } = groupOf(parentRunId, group);
+  const [row] = await sql<ChildGroupState[]>`
+    select count(*)::int as admitted,
+           count(*) filter (where c.status not in ${sql.unsafe(FINAL)})::int as open,
+           coalesce(bool_or(c.status in ('failed', 'cancelled')), false) as failed,
+           coalesce(max(substr(c.dispatch_key, ${prefix.length + 1})::int), -1) as last
+      from runs c
+     where c.tenant_id collate "C" = ${tenantId} and c.parent_run_id = ${parentRunId}
+       and c.parent_run_id is not null and starts_with(c.dispatch_key, ${prefix})`;
+  return row;
 }
 
 /** A child as its parent reads it on resume. */

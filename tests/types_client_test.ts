@@ -120,6 +120,9 @@ async function _children(ctx: DurableContext) {
   await ctx.map("bad", invoice, [{ refund_id: "r" }]);
   // @ts-expect-error: failFast is a boolean
   await ctx.map("opt", invoice, [input], { failFast: "yes" });
+  await ctx.map("bounded", invoice, [input], { concurrency: 10, priority: 1 });
+  // @ts-expect-error: concurrency is a number
+  await ctx.map("opt2", invoice, [input], { concurrency: "10" });
 }
 void _client;
 void _definitions;

@@ -113,7 +113,18 @@ const failing = defineWorkflow({
   },
 });
 
-const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost, maybe, gather, failing];
+const bounded = defineWorkflow({
+  name: "bounded",
+  version: 1,
+  input: z.object({ n: z.number(), c: z.number() }),
+  async handler({ n, c }, ctx) {
+    const inputs = Array.from({ length: n }, (_, i) => ({ n: i }));
+    const out = await ctx.map("b", square, inputs, { concurrency: c });
+    return out.map((r) => r.sq);
+  },
+});
+
+const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost, maybe, gather, failing, bounded];
 
 function worker(sql: Sql) {
   const { host, port, user, database } = sql.options;
@@ -332,6 +343,36 @@ Deno.test("children: ctx.map with failFast throws the failed child's ChildRunFai
         k.dispatch_key,
       );
     }
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: ctx.map with concurrency keeps at most that many children unfinished, outputs in order", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const parent = await admitRoot(db.sql, "bounded", { n: 12, c: 3 });
+    const done = await waitFor("parent final", final(db.sql, parent), 30_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    assert.deepEqual(done.result, Array.from({ length: 12 }, (_, i) => i * i));
+    // At each child's admission, the children admitted before it and not
+    // yet final (by Postgres' clock) are within the bound.
+    const [{ most, n }] = await db.sql<{ most: number; n: number }[]>`
+      select max(o.open)::int as most, count(*)::int as n
+        from runs c
+       cross join lateral (
+             select count(*) as open from runs d
+              where d.tenant_id = ${TENANT} and d.parent_run_id = ${parent}
+                and d.created_at <= c.created_at and d.finished_at > c.created_at) o
+       where c.tenant_id = ${TENANT} and c.parent_run_id = ${parent}`;
+    assert.equal(n, 12);
+    assert.ok(most <= 3, `${most} children unfinished at once`);
+    const waits = await eventsOf(db.sql, parent, "run.waiting");
+    assert.ok(waits.length >= 1, "the parent waited for room at least once");
   } finally {
     await w.stop();
     await db.drop();

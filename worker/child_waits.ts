@@ -11,12 +11,16 @@
  * Neither call stores the children's results in the parent: `result()` is
  * not a call of its own (a final child's outcome never changes), and a
  * map's step stores only its group and count, whatever the outputs weigh.
+ * A map admits its children after that step, each once by its key, all at
+ * once or, with `concurrency`, up to that many unfinished, waiting for half
+ * of them to end before admitting more.
  */
 import { notifyCancel } from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
 import {
   awaitChildren,
   cancelChildren,
+  childGroupState,
   type ChildOutcome,
   selectChild,
   selectChildOutcomes,
@@ -104,37 +108,54 @@ export async function mapChildren<O>(host: ChildWaitHost, call: MapCall): Promis
   }
   if (!Array.isArray(inputs)) throw new TypeError(`ctx.map ${name}: inputs must be an array`);
   const failFast = options.failFast ?? false;
+  const concurrency = options.concurrency ?? Infinity;
+  if (concurrency !== Infinity && (!Number.isInteger(concurrency) || concurrency < 1)) {
+    throw new TypeError(`ctx.map ${name}: concurrency must be an integer >= 1`);
+  }
   const { run } = host;
   const prefix = `${run.tenant_id}:${run.run_id}:`;
-  const workflowRef = `${definition.name}@${definition.version}`;
-  // The step stores the group and the count, never the outputs.
-  const started = await host.step(name, async (key) => {
-    const group = key.slice(prefix.length);
-    for (let i = 0; i < inputs.length; i += ADMIT_CHUNK) {
-      await Promise.all(
-        inputs.slice(i, i + ADMIT_CHUNK).map((input, j) =>
-          children.start(run, {
-            name: `${group}#c${i + j}`,
-            workflowRef,
-            input,
-            priority: options.priority,
-          })
-        ),
-      );
-    }
-    return { group, count: inputs.length };
-  });
-  const { group, count } = started;
+  // The step stores the group (the call's name) and the count, never the
+  // outputs; the children are admitted below, each once by its key.
+  const { group, count } = await host.step(
+    name,
+    (key) => Promise.resolve({ group: key.slice(prefix.length), count: inputs.length }),
+  );
   if (count !== inputs.length) {
     host.diverged(`map ${group} started ${count} children, and is made with ${inputs.length}`);
   }
   if (count === 0) return [];
-  // Returns once nothing is left to wait for; else the run is suspended and this throws.
-  host.live();
-  await host.suspend(
-    () => awaitChildren(host.sql, host.fence, { group, failFast }),
-    { name: group, step: group },
-  );
+  const admit = (from: number, to: number) =>
+    admitRange(children, run, `${definition.name}@${definition.version}`, {
+      group,
+      inputs,
+      from,
+      to,
+      priority: options.priority,
+    });
+  for (;;) {
+    host.live();
+    const state = await host.write(
+      () => childGroupState(host.sql, run.tenant_id, run.run_id, group),
+      false,
+    );
+    if (failFast && state.failed) break;
+    // A gap below the last admitted (a crash amid a batch): admitted again, each once.
+    if (state.admitted < state.last + 1) await admit(0, state.last + 1);
+    const room = Math.min(count - (state.last + 1), concurrency - state.open);
+    if (room > 0) {
+      await admit(state.last + 1, state.last + 1 + room);
+      continue;
+    }
+    // All admitted: wait for every one. Some left: wait for room (half the bound), then admit.
+    const more = state.last + 1 < count;
+    const slack = more ? Math.floor(concurrency / 2) : 0;
+    // Returns when there is nothing to wait for; else the run is suspended and this throws.
+    await host.suspend(
+      () => awaitChildren(host.sql, host.fence, { group, failFast, slack }),
+      { name: group, step: group },
+    );
+    if (!more) break;
+  }
   const rows = await host.write(
     () => selectChildOutcomes(host.sql, run.tenant_id, run.run_id, group),
     false,
@@ -156,6 +177,28 @@ export async function mapChildren<O>(host: ChildWaitHost, call: MapCall): Promis
     if (!c) throw new Error(`map ${group}: child ${i} was not found`);
     return outcome<O>(c, i);
   });
+}
+
+/** Admits children `from`..`to` - 1 of a map, together (the kernel's flushes group them). */
+async function admitRange(
+  children: ChildAdmission,
+  run: ParentRun,
+  workflowRef: string,
+  r: { group: string; inputs: readonly unknown[]; from: number; to: number; priority?: number },
+): Promise<void> {
+  for (let i = r.from; i < r.to; i += ADMIT_CHUNK) {
+    const end = Math.min(r.to, i + ADMIT_CHUNK);
+    await Promise.all(
+      r.inputs.slice(i, end).map((input, j) =>
+        children.start(run, {
+          name: `${r.group}#c${i + j}`,
+          workflowRef,
+          input,
+          priority: r.priority,
+        })
+      ),
+    );
+  }
 }
 
 /** `failFast`: cancels the group's unfinished children, and tells their workers. */

@@ -58,6 +58,13 @@ export interface MapOptions {
    * first failure in input order.
    */
   failFast?: boolean;
+  /**
+   * At most this many of the map's children unfinished at once (an integer
+   * >= 1; unset: all admitted at once). The parent then waits for half of
+   * them to end before admitting more: it is woken about 2n/concurrency
+   * times instead of once.
+   */
+  concurrency?: number;
 }
 
 /**

@@ -55,6 +55,7 @@ import { suspendRun, wakeDueRuns } from "../../db/suspension.ts";
 import {
   awaitChildren,
   cancelChildren,
+  childGroupState,
   selectChild,
   selectChildOutcomes,
 } from "../../db/fan_in.ts";
@@ -481,6 +482,11 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "fan-in: selectChildOutcomes (a map's children, on resume)",
       call: (sql) => selectChildOutcomes(sql, s.tenant, s.runningRun, "m"),
+      indexes: { runs: ["runs_parent_idx"] },
+    },
+    {
+      name: "fan-in: childGroupState (a bounded map's counts)",
+      call: (sql) => childGroupState(sql, s.tenant, s.runningRun, "m"),
       indexes: { runs: ["runs_parent_idx"] },
     },
     {
