@@ -17,12 +17,14 @@
  * itself is its row (status, result, error), read on resume
  * (`selectChildOutcomes`), never copied into the parent's step results.
  *
- * No wake-up is lost: `fanIn` locks the parent's row (an upsert locks the
- * row it conflicts with, updated or not) and reads its newest version, and
- * `awaitChildren` takes the same lock before it counts, in a snapshot of its
- * own: either the child's statement committed first and the count leaves
- * it out, or the parent was suspended first and the child's statement finds
- * it waiting (tests/db_fan_in_test.ts).
+ * No wake-up is lost: `fanIn` locks each parent's row FOR KEY SHARE and
+ * reads its newest version, and `awaitChildren` locks it FOR UPDATE (which
+ * conflicts with it) before it counts, in a snapshot of its own: either the
+ * child's statement committed first and the count leaves it out, or the
+ * parent was suspended first and the child's statement finds it waiting
+ * (tests/db_fan_in_test.ts). KEY SHARE conflicts with nothing else a
+ * running parent's statements take but FOR UPDATE: a parent whose children
+ * end by the thousand is not kept from renewing its lease.
  */
 import { inTransaction, type Sql } from "./pool.ts";
 import { EVENT_COLUMNS, laneMoves, slotCountMoves } from "./queue_sql.ts";
@@ -87,18 +89,36 @@ export function fanIn(
        where parent_run_id is not null and status in ${FINAL}
        group by 1, 2, 3
     ),
+    -- Every parent, locked FOR KEY SHARE in key order, each by a probe of
+    -- the primary key (a lateral subquery with a limit is never flattened
+    -- into a join the planner could hash over a scan of runs): the lock an
+    -- awaitChildren's FOR UPDATE waits for, and waits for, while the
+    -- heartbeat, claims and signals of a parent that is not waiting are
+    -- not held up (none conflicts with it). Its newest version: what the
+    -- parent waits for now.
+    fanin_parents as (
+      select l.tenant_id, l.run_id, l.status, l.wait_reason
+        from (select distinct tenant_id, parent_run_id from fanin_groups g
+               where not exists (select 1 from ${source} s
+                                  where s.tenant_id = g.tenant_id
+                                    and s.run_id = g.parent_run_id)
+               order by 1, 2) g
+       cross join lateral (
+             select p.tenant_id, p.run_id, p.status, p.wait_reason from runs p
+              where p.tenant_id = g.tenant_id and p.run_id = g.parent_run_id
+              limit 1
+                for key share) l
+    ),
+    -- The waiting ones, upserted through their key: the update lands on the
+    -- newest version whatever the statement's snapshot (updateThroughKey).
     fanin as (
-      -- Each parent by a probe of the primary key (a lateral subquery with a
-      -- limit is never flattened into a join the planner could hash over a
-      -- scan of runs), in key order.
       insert into runs
-      select l.* from (select distinct tenant_id, parent_run_id from fanin_groups) g
+      select l.* from fanin_parents w
        cross join lateral (
              select p.* from runs p
-              where p.tenant_id = g.tenant_id and p.run_id = g.parent_run_id
+              where p.tenant_id = w.tenant_id and p.run_id = w.run_id
               limit 1) l
-       where not exists (select 1 from ${source} s
-                          where s.tenant_id = g.tenant_id and s.run_id = g.parent_run_id)
+       where w.status = 'waiting' and w.wait_reason = 'children'
        order by l.tenant_id, l.run_id
       on conflict (tenant_id, run_id) do update
          set children_awaited = runs.children_awaited - ${n},
@@ -171,7 +191,7 @@ export async function awaitChildren(
       select cancel_requested_at is not null as cancel_requested from runs
        where tenant_id = ${f.tenant_id} and run_id = ${f.run_id}
          and lease_owner = ${f.owner} and attempts = ${f.attempt} and status = 'running'
-         for no key update`;
+         for update`;
     if (!held) return "lost" as const;
     if (held.cancel_requested) return "cancel-requested" as const;
     const [row] = await t<{ n: number }[]>`

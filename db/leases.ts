@@ -210,7 +210,9 @@ export async function renewLeases(
               where r.tenant_id = l.tenant_id and r.run_id = l.run_id
                 and r.lease_owner = ${owner} and r.attempts = l.attempt
                 and r.status = 'running'
-                for update skip locked) k
+                -- No key update: not held up by a child's finishing
+                -- statement's KEY SHARE lock on its parent (db/fan_in.ts).
+                for no key update skip locked) k
     ),
     upd as (
       insert into runs select (k.r).* from locked k

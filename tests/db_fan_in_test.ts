@@ -14,7 +14,7 @@ import { insertRuns, type NewRun } from "../db/admission.ts";
 import { type ClaimedRun, claimRuns } from "../db/claims.ts";
 import { requestCancel } from "../db/cancellation.ts";
 import { completeRun, completeRuns, failAttempt } from "../db/attempt_end.ts";
-import { reclaimExpired } from "../db/leases.ts";
+import { reclaimExpired, renewLeases } from "../db/leases.ts";
 import type { StepFence } from "../db/run_steps.ts";
 import { awaitChildren, cancelChildren, selectChild, selectChildOutcomes } from "../db/fan_in.ts";
 import { childDispatchKey } from "../contracts/runs.ts";
@@ -283,6 +283,29 @@ Deno.test("fan-in: a suspend racing its last child's completion never leaves the
                     where tenant_id = ${TENANT} and run_id = ${parent.run_id}
                       and status in ('running', 'queued')`;
     }
+  } finally {
+    await db.drop();
+  }
+});
+
+Deno.test("fan-in: a child's finishing transaction does not keep its running parent from renewing its lease", async () => {
+  const db = await setup();
+  try {
+    const parent = await runningParent(db.sql);
+    const [child] = await addChildren(db.sql, parent.run_id, "h", 1);
+    const [k] = await claimKids(db.sql, 1);
+    assert.equal(k.run_id, child);
+    const lease = [{ tenant_id: TENANT, run_id: parent.run_id, attempt: parent.attempt }];
+    await db.sql.begin(async (t) => {
+      // The child's completion holds its parent's row (KEY SHARE) until it commits.
+      assert.ok(await completeRun(t as unknown as Sql, TENANT, child, OWNER, k.attempts, 1));
+      const [{ locked }] = await db.sql<{ locked: boolean }[]>`
+        select exists (select 1 from runs where tenant_id = ${TENANT} and run_id = ${parent.run_id}
+                        for update skip locked) is false as locked`;
+      assert.equal(locked, true, "the parent's row is locked by the child's transaction");
+      assert.deepEqual(await renewLeases(db.sql, OWNER, lease, LEASE), ["held"]);
+    });
+    assert.equal((await parentRow(db.sql, parent.run_id)).status, "running");
   } finally {
     await db.drop();
   }
