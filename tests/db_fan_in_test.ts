@@ -13,7 +13,7 @@ import type { Sql } from "../db/pool.ts";
 import { insertRuns, type NewRun } from "../db/admission.ts";
 import { type ClaimedRun, claimRuns } from "../db/claims.ts";
 import { requestCancel } from "../db/cancellation.ts";
-import { completeRun, completeRuns, failAttempt } from "../db/attempt_end.ts";
+import { completeRun, completeRuns, failAttempt, releaseRun } from "../db/attempt_end.ts";
 import { reclaimExpired, renewLeases } from "../db/leases.ts";
 import type { StepFence } from "../db/run_steps.ts";
 import { awaitChildren, cancelChildren, selectChild, selectChildOutcomes } from "../db/fan_in.ts";
@@ -213,7 +213,7 @@ Deno.test("fan-in: failFast wakes the parent at the first failure, and the rest 
   }
 });
 
-Deno.test("fan-in: a cancel, a failure for good and a lease given up each deliver a child", async () => {
+Deno.test("fan-in: a cancel, a failure for good, a cancelled release and a lease given up each deliver a child", async () => {
   const db = await setup();
   try {
     const check = async (end: (child: string, parent: StepFence) => Promise<void>) => {
@@ -244,6 +244,12 @@ Deno.test("fan-in: a cancel, a failure for good and a lease given up each delive
       assert.equal(k.run_id, child);
       const end = await failAttempt(db.sql, TENANT, child, OWNER, 1, { message: "no" }, 0);
       assert.equal(end?.status, "failed");
+    });
+    // A running child whose cancel was requested, given back by its worker's shutdown.
+    await check(async (child) => {
+      await claimKids(db.sql, 1);
+      assert.equal((await requestCancel(db.sql, TENANT, child))?.status, "running");
+      assert.equal(await releaseRun(db.sql, TENANT, child, OWNER, 1, "shutdown"), "cancelled");
     });
     // A child whose worker died on its last attempt.
     await check(async (child) => {
