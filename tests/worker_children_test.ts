@@ -124,7 +124,26 @@ const bounded = defineWorkflow({
   },
 });
 
-const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost, maybe, gather, failing, bounded];
+const wide = defineWorkflow({
+  name: "wide",
+  version: 1,
+  input: z.object({ n: z.number() }),
+  async handler({ n }, ctx) {
+    const out = await ctx.map("w", square, Array.from({ length: n }, (_, i) => ({ n: i })));
+    return { n: out.length, sum: out.reduce((s, r) => s + r.sq, 0) };
+  },
+});
+
+const WORKFLOWS: AnyWorkflow[] = [
+  square,
+  fanOut,
+  startsGhost,
+  maybe,
+  gather,
+  failing,
+  bounded,
+  wide,
+];
 
 function worker(sql: Sql) {
   const { host, port, user, database } = sql.options;
@@ -373,6 +392,35 @@ Deno.test("children: ctx.map with concurrency keeps at most that many children u
     assert.ok(most <= 3, `${most} children unfinished at once`);
     const waits = await eventsOf(db.sql, parent, "run.waiting");
     assert.ok(waits.length >= 1, "the parent waited for room at least once");
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: a map of 2,000 children is admitted in batches and wakes its parent once", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const n = 2_000;
+    const parent = await admitRoot(db.sql, "wide", { n });
+    const done = await waitFor("parent final", final(db.sql, parent), 120_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += i * i;
+    assert.deepEqual(done.result, { n, sum });
+    // Admitted together: far fewer admission transactions than children.
+    const [{ kids, txs }] = await db.sql<{ kids: number; txs: number }[]>`
+      select count(*)::int as kids, count(distinct created_at)::int as txs from runs
+       where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
+    assert.equal(kids, n);
+    assert.ok(txs <= n / 50, `${txs} admission transactions for ${n} children`);
+    const woken = await eventsOf(db.sql, parent, "run.woken");
+    assert.ok(woken.length <= 1, `${woken.length} wakes`);
+    const waits = await eventsOf(db.sql, parent, "run.waiting");
+    assert.equal(waits.length, woken.length);
   } finally {
     await w.stop();
     await db.drop();
