@@ -91,11 +91,10 @@ export function fanIn(
     ),
     -- Every parent, locked FOR KEY SHARE in key order, each by a probe of
     -- the primary key (a lateral subquery with a limit is never flattened
-    -- into a join the planner could hash over a scan of runs): the lock an
-    -- awaitChildren's FOR UPDATE waits for, and waits for, while the
-    -- heartbeat, claims and signals of a parent that is not waiting are
-    -- not held up (none conflicts with it). Its newest version: what the
-    -- parent waits for now.
+    -- into a join the planner could hash over a scan of runs). A suspend's
+    -- FOR UPDATE (awaitChildren) and this lock wait for each other; a
+    -- heartbeat or a signal does not (neither conflicts with it). The row
+    -- read is its newest version: what the parent waits for now.
     fanin_parents as (
       select l.tenant_id, l.run_id, l.status, l.wait_reason
         from (select distinct tenant_id, parent_run_id from fanin_groups g

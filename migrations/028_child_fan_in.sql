@@ -8,7 +8,9 @@
 -- still unfinished, counted under the parent's row lock when it suspended)
 -- and, at zero, or at a failure when `wait_fail_fast`, queues the parent.
 -- The child's outcome itself is its own row (status, result, error), kept
--- while its root lives (retention), and read by the parent on resume.
+-- while its root lives (retention), and read by the parent on resume. A
+-- parent woken so keeps wait_name (what it waited for, which its run.woken
+-- names) until its next wait; wait_reason is cleared, as every wake does.
 --
 -- Nullable columns without a default rewrite nothing. The constraint is
 -- replaced NOT VALID (new rows are held to it at once) and validated in 029
