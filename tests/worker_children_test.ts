@@ -134,7 +134,19 @@ const wide = defineWorkflow({
   },
 });
 
+const mapsGhost = defineWorkflow({
+  name: "maps.ghost",
+  version: 1,
+  input: z.object({}),
+  maxAttempts: 1,
+  async handler(_input, ctx) {
+    await ctx.map("g", ghost, [{}, {}]);
+    return null;
+  },
+});
+
 const WORKFLOWS: AnyWorkflow[] = [
+  mapsGhost,
   square,
   fanOut,
   startsGhost,
@@ -241,7 +253,7 @@ Deno.test("children: a parent retried after crashing while starting them starts 
   }
 });
 
-Deno.test("children: a child of a workflow no worker registered fails the parent's call at once, clearly", async () => {
+Deno.test("children: a child of a workflow no worker registered fails the parent's call at once, clearly", async (t) => {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
   const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry(WORKFLOWS)), {
@@ -267,6 +279,20 @@ Deno.test("children: a child of a workflow no worker registered fails the parent
     const [{ n }] = await db.sql<{ n: number }[]>`
       select count(*)::int as n from runs where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
     assert.equal(n, 0);
+
+    await t.step("a map of it fails its step the same way", async () => {
+      const mapper = (await admission.admit({ workflow_ref: "maps.ghost", input: {} }, {
+        tenantId: TENANT,
+        source: "test",
+        entry: "http",
+      })).run.run_id;
+      const ended = await waitFor("map parent final", final(db.sql, mapper), 20_000);
+      assert.equal(ended.status, "failed");
+      assert.match(ended.error!.message, /unknown workflow "ghost@1"/);
+      const [mapStep] = await db.sql<{ name: string; status: string }[]>`
+        select name, status from run_steps where tenant_id = ${TENANT} and run_id = ${mapper}`;
+      assert.deepEqual(mapStep, { name: "g", status: "failed" });
+    });
   } finally {
     await w.stop();
     await db.drop();

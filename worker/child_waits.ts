@@ -11,9 +11,9 @@
  * Neither call stores the children's results in the parent: `result()` is
  * not a call of its own (a final child's outcome never changes), and a
  * map's step stores only its group and count, whatever the outputs weigh.
- * A map admits its children after that step, each once by its key, all at
- * once or, with `concurrency`, up to that many unfinished, waiting for half
- * of them to end before admitting more.
+ * A map's step admits its first children (all, or `concurrency` of them),
+ * the rest are admitted after it, each once by its key, up to
+ * `concurrency` unfinished, waiting for half of them to end in between.
  */
 import { notifyCancel } from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
@@ -114,24 +114,22 @@ export async function mapChildren<O>(host: ChildWaitHost, call: MapCall): Promis
   }
   const { run } = host;
   const prefix = `${run.tenant_id}:${run.run_id}:`;
-  // The step stores the group (the call's name) and the count, never the
-  // outputs; the children are admitted below, each once by its key.
-  const { group, count } = await host.step(
-    name,
-    (key) => Promise.resolve({ group: key.slice(prefix.length), count: inputs.length }),
-  );
+  const workflowRef = `${definition.name}@${definition.version}`;
+  const admit = (group: string, from: number, to: number) =>
+    admitRange(children, run, workflowRef, { group, inputs, from, to, priority: options.priority });
+  // The step admits the first children (all, or `concurrency` of them): an
+  // unknown workflow or a refused input fails it, clearly, as `start`'s. It
+  // stores the group (the call's name) and the count, never the outputs;
+  // the rest are admitted below, each once by its key.
+  const { group, count } = await host.step(name, async (key) => {
+    const group = key.slice(prefix.length);
+    await admit(group, 0, Math.min(inputs.length, concurrency));
+    return { group, count: inputs.length };
+  });
   if (count !== inputs.length) {
     host.diverged(`map ${group} started ${count} children, and is made with ${inputs.length}`);
   }
   if (count === 0) return [];
-  const admit = (from: number, to: number) =>
-    admitRange(children, run, `${definition.name}@${definition.version}`, {
-      group,
-      inputs,
-      from,
-      to,
-      priority: options.priority,
-    });
   for (;;) {
     host.live();
     const state = await host.write(
@@ -140,10 +138,10 @@ export async function mapChildren<O>(host: ChildWaitHost, call: MapCall): Promis
     );
     if (failFast && state.failed) break;
     // A gap below the last admitted (a crash amid a batch): admitted again, each once.
-    if (state.admitted < state.last + 1) await admit(0, state.last + 1);
+    if (state.admitted < state.last + 1) await admit(group, 0, state.last + 1);
     const room = Math.min(count - (state.last + 1), concurrency - state.open);
     if (room > 0) {
-      await admit(state.last + 1, state.last + 1 + room);
+      await admit(group, state.last + 1, state.last + 1 + room);
       continue;
     }
     // All admitted: wait for every one. Some left: wait for room (half the bound), then admit.
