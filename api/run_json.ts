@@ -37,6 +37,10 @@ export function waitingFor(
           detail: `waiting for signal ${JSON.stringify(name)}, at most until ${until}`,
         };
     }
+    case "children": {
+      const name = row.wait_name ?? "";
+      return { reason, name, detail: `waiting for its children (${name})` };
+    }
     case "worker": {
       const workflow = `${row.workflow_name}@${row.workflow_version}`;
       return { reason, workflow, detail: `no running worker hosts ${workflow}` };

@@ -115,8 +115,8 @@ export interface RunCancelledPayload {
 export interface RunWaitingPayload {
   /** The attempt that suspended (the claim that resumes the run counts it again). */
   attempt: number;
-  /** What it waits for: its sleep's end, or a signal. */
-  reason: "sleep" | "signal";
+  /** What it waits for: its sleep's end, a signal, or its children (`result()`, `ctx.map`). */
+  reason: "sleep" | "signal" | "children";
   /** A sleep's step name; a wait's signal name. */
   name: string;
   /** The step name of the call that waits (`approval`, `approval#2`…). */
@@ -127,10 +127,14 @@ export interface RunWaitingPayload {
 
 /** `run.woken`: a waiting run is queued again, due now. */
 export interface RunWokenPayload {
-  /** What woke it: its signal, or its deadline (a sleep's end, a wait's timeout). */
-  by: "signal" | "deadline";
+  /**
+   * What woke it: its signal, its deadline (a sleep's end, a wait's
+   * timeout), or a child (the last one it awaited became final, or, with
+   * `failFast`, one failed).
+   */
+  by: "signal" | "deadline" | "child";
   /** What it waited for, as `run.waiting` said. */
-  reason: "sleep" | "signal";
+  reason: "sleep" | "signal" | "children";
   /** A sleep's step name; a wait's signal name. */
   name: string;
   /** The signal that woke it; null when its deadline did. */

@@ -23,7 +23,7 @@ const timestamp = () => z.iso.datetime({ offset: true });
 const present = () => z.custom<unknown>((v) => v !== undefined, "required");
 const attempt = () => z.number().int().nonnegative();
 
-const waitReason = z.enum(["sleep", "signal"]);
+const waitReason = z.enum(["sleep", "signal", "children"]);
 const runError = z.looseObject({ message: z.string(), code: z.string().optional() });
 
 // The payloads, unannotated (their inferred types are checked against the
@@ -62,7 +62,7 @@ const payloads = {
     until: timestamp().nullable(),
   }),
   "run.woken": z.strictObject({
-    by: z.enum(["signal", "deadline"]),
+    by: z.enum(["signal", "deadline", "child"]),
     reason: waitReason,
     name: z.string(),
     signal_id: z.string().nullable(),

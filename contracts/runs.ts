@@ -154,8 +154,9 @@ export const WaitingReason: z.ZodEnum<
     slot: "slot";
     sleep: "sleep";
     signal: "signal";
+    children: "children";
   }
-> = z.enum(["worker", "schedule", "concurrency", "slot", "sleep", "signal"]);
+> = z.enum(["worker", "schedule", "concurrency", "slot", "sleep", "signal", "children"]);
 export type WaitingReason = z.infer<typeof WaitingReason>;
 
 /** What a queued run waits for, in the order it is checked. */
@@ -164,14 +165,18 @@ export const WaitingFor = z.object({
     "A queued run: `worker`: no running worker hosts the run's workflow version; `schedule`: " +
       "its run_after has not come; `concurrency`: its workflow's concurrency limit for its key " +
       "is reached; `slot`: it is due and a worker hosts it, and waits for a free slot. A " +
-      "waiting run: `sleep`: a sleep's end; `signal`: a signal",
+      "waiting run: `sleep`: a sleep's end; `signal`: a signal; `children`: its children " +
+      "(a child's `result()`, `ctx.map`)",
   ),
   workflow: z.string().optional().describe("On `worker`: the version it waits for, `name@version`"),
   until: z.string().optional().describe(
     "On `schedule`: when it is due (its run_after); on `sleep`: when it ends; on `signal`: " +
       "when the wait times out (absent: never)",
   ),
-  name: z.string().optional().describe("On `sleep`: the sleep's name; on `signal`: the signal's"),
+  name: z.string().optional().describe(
+    "On `sleep`: the sleep's name; on `signal`: the signal's; on `children`: the awaited " +
+      "child's or map's call name",
+  ),
   key: z.string().optional().describe(
     "On `concurrency`: the run's concurrency key ('' when the limit is per tenant)",
   ),

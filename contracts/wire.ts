@@ -66,14 +66,16 @@ export type RunStatus = "queued" | "running" | "waiting" | "succeeded" | "failed
  * version; `schedule`, its run_after has not come; `concurrency`, its
  * workflow's concurrency limit for its key is reached; `slot`, it is due
  * and hosted, and waits for a free worker slot. What a waiting run
- * (suspended) waits for: `sleep`, the end of a sleep; `signal`, a signal.
+ * (suspended) waits for: `sleep`, the end of a sleep; `signal`, a signal;
+ * `children`, its children (`result()`, `ctx.map`).
  */
 export interface WaitingFor {
   /**
    * A queued run: `worker`, `schedule`, `concurrency` or `slot`; a waiting
-   * run: `sleep` (a long `ctx.sleep`) or `signal` (`ctx.waitForSignal`).
+   * run: `sleep` (a long `ctx.sleep`), `signal` (`ctx.waitForSignal`) or
+   * `children` (a child's `result()`, `ctx.map`).
    */
-  reason: "worker" | "schedule" | "concurrency" | "slot" | "sleep" | "signal";
+  reason: "worker" | "schedule" | "concurrency" | "slot" | "sleep" | "signal" | "children";
   /** On `worker`: the version it waits for, `name@version`. */
   workflow?: string;
   /**
@@ -81,7 +83,7 @@ export interface WaitingFor {
    * on `signal`: when the wait times out (absent: never).
    */
   until?: string;
-  /** On `sleep`: the sleep's name; on `signal`: the signal's name. */
+  /** On `sleep`: the sleep's name; on `signal`: the signal's name; on `children`: the call's. */
   name?: string;
   /** On `concurrency`: the run's concurrency key ('' when the limit is per tenant). */
   key?: string;

@@ -8,7 +8,8 @@
 import type postgres from "postgres";
 import type { Sql } from "./pool.ts";
 import type { RunError } from "../contracts/event_types.ts";
-import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS, QUEUED_AT } from "./queue_sql.ts";
+import { fanIn } from "./fan_in.ts";
 import {
   cancelledPayload,
   failedPayload,
@@ -27,20 +28,22 @@ function toJson(value: unknown): postgres.JSONValue {
 }
 
 // A limited run that leaves `running` frees its group's slot; one that goes
-// back to the queue is queued in its group again (db/queue_sql.ts).
-const SUCCEEDED_SLOTS = slotCountMoves("upd", "-1", "0");
-// A batch of unlimited runs only: no concurrency counts to move, so the
-// statement (prepared apart, being another text) skips their CTEs, the
-// completion path of every unlimited run staying what it was.
+// back to the queue is queued in its group again (db/queue_sql.ts). Each
+// statement also delivers its final children to their waiting parents
+// (db/fan_in.ts), whose wake-ups move counts and lanes with its own.
+const SUCCEEDED_MOVES = fanIn("upd", "-1", "0");
+// A batch of unlimited runs that are no run's children: no concurrency
+// counts to move and no parent to wake, so the statement (prepared apart,
+// being another text) skips those CTEs, the completion path of every such
+// run staying what it was.
 const NO_SLOTS = "no_slots as (select 1)";
-const ENDED_SLOTS = slotCountMoves(
+// An unlimited run back in the queue lowers its lane (db/queue_sql.ts).
+const ENDED_MOVES = fanIn(
   "upd",
   "-1",
   "case when status = 'queued' then 1 else 0 end",
   QUEUED_AT,
 );
-// An unlimited run back in the queue lowers its lane (db/queue_sql.ts).
-const ENDED_LANES = laneMoves("upd", QUEUED_AT);
 
 // The events, from the columns the statements' `upd` CTEs return (`worker`:
 // the owner whose attempt ended; `released`: the attempt a release gave back).
@@ -87,6 +90,12 @@ export interface Completion {
    * statement's concurrency counts. Unset: it may be, and they are moved.
    */
   limited?: boolean;
+  /**
+   * false when the run is known to be no run's child (its claim said it has
+   * no parent): a batch of only such unlimited runs skips the fan-in
+   * (db/fan_in.ts). Unset: it may be one.
+   */
+  child?: boolean;
 }
 
 /**
@@ -177,9 +186,16 @@ export async function completeRuns(
              event_seq = runs.event_seq + 1
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.event_seq,
-                runs.attempts, runs.result, runs.workflow_name, runs.concurrency_key
+                runs.attempts, runs.result, runs.workflow_name, runs.workflow_version,
+                runs.concurrency_key, runs.parent_run_id, runs.status
     ),
-    ${sql.unsafe(completions.every((c) => c.limited === false) ? NO_SLOTS : SUCCEEDED_SLOTS)},
+    ${
+    sql.unsafe(
+      completions.every((c) => c.limited === false && c.child === false)
+        ? NO_SLOTS
+        : SUCCEEDED_MOVES,
+    )
+  },
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq, 'run.succeeded', goal_id, dispatch_key,
@@ -245,10 +261,9 @@ export async function failAttempt(
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, attempts,
                 run_after, error, cancel_requested_at, workflow_name, workflow_version,
-                concurrency_key, ${owner}::text as worker
+                concurrency_key, parent_run_id, ${owner}::text as worker
     ),
-    ${sql.unsafe(ENDED_SLOTS)},
-    ${sql.unsafe(ENDED_LANES)},
+    ${sql.unsafe(ENDED_MOVES)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,
@@ -301,11 +316,10 @@ export async function releaseRun(
        where tenant_id = ${tenantId} and run_id = ${runId}
          and lease_owner = ${owner} and attempts = ${attempt} and status = 'running'
       returning tenant_id, run_id, goal_id, dispatch_key, event_seq, status, cancel_requested_at,
-                run_after, workflow_name, workflow_version, concurrency_key,
+                run_after, workflow_name, workflow_version, concurrency_key, parent_run_id,
                 ${attempt}::int as released, ${owner}::text as worker, ${reason}::text as reason
     ),
-    ${sql.unsafe(ENDED_SLOTS)},
-    ${sql.unsafe(ENDED_LANES)},
+    ${sql.unsafe(ENDED_MOVES)},
     ev as (
       insert into work_events (${sql.unsafe(EVENT_COLUMNS)})
       select tenant_id, run_id, event_seq,

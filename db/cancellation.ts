@@ -9,17 +9,21 @@
  */
 import type { Sql } from "./pool.ts";
 import { runColumns, type RunRow } from "./runs.ts";
-import { EVENT_COLUMNS, slotCountMoves } from "./queue_sql.ts";
+import { EVENT_COLUMNS } from "./queue_sql.ts";
+import { fanIn } from "./fan_in.ts";
 import { cancelledPayload, NULL_JSONB, NULL_TEXT } from "./event_payloads.ts";
-import { childFinishedMoves } from "./child_events.ts";
 
 const RUN_COLUMNS = runColumns();
 // A cancelled queued run leaves its concurrency group's queue; a running one
 // keeps its slot until its worker ends it.
-const CANCELLED_SLOTS = slotCountMoves(
+// A run cancelled at once is delivered to its waiting parent (db/fan_in.ts),
+// and is its parent's `child.finished`, in the one update of the parent.
+const CANCELLED_SLOTS = fanIn(
   "upd",
   "0",
   "case when was_queued then -1 else 0 end",
+  undefined,
+  { childFinished: true },
 );
 // A queued run ends no attempt: no error, reason or worker.
 const CANCELLED_QUEUED = cancelledPayload({
@@ -29,8 +33,6 @@ const CANCELLED_QUEUED = cancelledPayload({
   reason: NULL_TEXT,
   worker: NULL_TEXT,
 });
-// A child cancelled here is final: its parent's `child.finished`.
-const CHILD_FINISHED = childFinishedMoves("finished");
 
 /**
  * Cancels a run of one tenant, or asks for it to be cancelled: a queued run
@@ -75,12 +77,7 @@ export async function requestCancel(
              ${sql.unsafe(CANCELLED_QUEUED)}, now()
         from upd
        where status = 'cancelled'
-    ),
-    finished as (
-      select tenant_id, run_id, parent_run_id, dispatch_key, status from upd
-       where status = 'cancelled'
-    ),
-    ${sql.unsafe(CHILD_FINISHED)}
+    )
     select ${sql.unsafe(RUN_COLUMNS)}, input from upd`;
   return row;
 }

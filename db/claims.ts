@@ -27,6 +27,8 @@ export interface ClaimedRun {
   traceparent?: string | null;
   /** Its concurrency group's key when its version is limited; null: not limited. */
   concurrency_key?: string | null;
+  /** The run that started it (`ctx.start`); null: a caller's run. */
+  parent_run_id?: string | null;
 }
 
 /**
@@ -58,7 +60,7 @@ const CLAIMED_FROM_PICKED = `claimed as (
   returning runs.tenant_id, runs.run_id, runs.workflow_ref, runs.workflow_name,
             runs.workflow_version, runs.input, runs.goal_id, runs.dispatch_key,
             runs.attempts, runs.max_attempts, runs.lease_expires_at, runs.event_seq,
-            runs.traceparent, runs.concurrency_key, runs.lease_owner
+            runs.traceparent, runs.concurrency_key, runs.lease_owner, runs.parent_run_id
 )`;
 
 /** Each claimed run's `run.started` event `{attempt, worker}`, then the claimed runs. */
@@ -69,7 +71,8 @@ const STARTED_EVENTS_OF_CLAIMED = `ev as (
     from claimed
 )
 select tenant_id, run_id, workflow_ref, workflow_name, workflow_version, input, goal_id,
-       dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key
+       dispatch_key, attempts, max_attempts, lease_expires_at, traceparent, concurrency_key,
+       parent_run_id
   from claimed`;
 
 /**

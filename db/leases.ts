@@ -5,7 +5,8 @@
  */
 import type { Sql } from "./pool.ts";
 import type { RunStatus } from "./runs.ts";
-import { EVENT_COLUMNS, laneMoves, QUEUED_AT, slotCountMoves, tenantScan } from "./queue_sql.ts";
+import { EVENT_COLUMNS, QUEUED_AT, tenantScan } from "./queue_sql.ts";
+import { fanIn } from "./fan_in.ts";
 import { cancelledPayload, failedPayload, NULL_JSONB, retryingPayload } from "./event_payloads.ts";
 
 const RUNNING_TENANTS = tenantScan(
@@ -14,13 +15,12 @@ const RUNNING_TENANTS = tenantScan(
   "status = 'running' and lease_expires_at is not null",
 );
 
-const RECLAIMED_SLOTS = slotCountMoves(
+const RECLAIMED_MOVES = fanIn(
   "upd",
   "-1",
   "case when status = 'queued' then 1 else 0 end",
   QUEUED_AT,
 );
-const RECLAIMED_LANES = laneMoves("upd", QUEUED_AT);
 
 // The events of a reclaimed run, by its new status: the expired attempt's
 // worker is `previous_owner`; a run failed for good carries the
@@ -114,13 +114,14 @@ export async function reclaimExpired(sql: Sql, limit: number): Promise<Reclaimed
        where runs.status = 'running'
       returning runs.tenant_id, runs.run_id, runs.goal_id, runs.dispatch_key, runs.status,
                 runs.attempts, runs.error, runs.event_seq, runs.cancel_requested_at,
-                runs.workflow_name, runs.workflow_version, runs.run_after, runs.concurrency_key
+                runs.workflow_name, runs.workflow_version, runs.run_after, runs.concurrency_key,
+                runs.parent_run_id
     ),
     -- The expired attempt's slot is freed here, once: the run is queued in
     -- its group again, not counted running twice; an unlimited run lowers
-    -- its lane.
-    ${sql.unsafe(RECLAIMED_SLOTS)},
-    ${sql.unsafe(RECLAIMED_LANES)},
+    -- its lane; a run failed or cancelled for good is delivered to its
+    -- waiting parent (db/fan_in.ts).
+    ${sql.unsafe(RECLAIMED_MOVES)},
     -- Two CTEs joined: no table is read, whatever the plan.
     reclaimed as (
       select u.*, e.lease_owner as previous_owner
@@ -209,7 +210,9 @@ export async function renewLeases(
               where r.tenant_id = l.tenant_id and r.run_id = l.run_id
                 and r.lease_owner = ${owner} and r.attempts = l.attempt
                 and r.status = 'running'
-                for update skip locked) k
+                -- No key update: not held up by a child's finishing
+                -- statement's KEY SHARE lock on its parent (db/fan_in.ts).
+                for no key update skip locked) k
     ),
     upd as (
       insert into runs select (k.r).* from locked k

@@ -30,7 +30,7 @@ export interface QueueStats {
   /** Whether a count reached the cap: there are at least that many, maybe more. */
   capped: { queued: boolean; running: boolean; waiting: boolean };
   /** The waiting runs by what they wait for (each at most the cap). */
-  waitingByReason: { sleep: number; signal: number };
+  waitingByReason: { sleep: number; signal: number; children: number };
   /** Seconds since the oldest due queued run became due; 0 when none is due. */
   oldestQueuedAgeSeconds: number;
   /**
@@ -58,7 +58,14 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
   Omit<QueueStats, "waitingForWorker" | "limited">
 > {
   const [r] = await sql<
-    { queued: number; running: number; sleep: number; signal: number; oldest: number | null }[]
+    {
+      queued: number;
+      running: number;
+      sleep: number;
+      signal: number;
+      children: number;
+      oldest: number | null;
+    }[]
   >`
     with recursive ${sql.unsafe(CATALOG_VERSIONS)}, ${sql.unsafe(QUEUED_TENANTS)},
     ${sql.unsafe(WAITING_TENANT_SCAN)},
@@ -68,7 +75,8 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
     -- so the count by reason reads the index alone.
     waiting as (
       select count(*) filter (where w.wait_reason = 'sleep')::int as sleep,
-             count(*) filter (where w.wait_reason = 'signal')::int as signal
+             count(*) filter (where w.wait_reason = 'signal')::int as signal,
+             count(*) filter (where w.wait_reason = 'children')::int as children
         from (select r.wait_reason from waiting_tenants t
                cross join lateral (select r.wait_reason from runs r
                                     where r.tenant_id collate "C" = t.tenant_id
@@ -95,12 +103,13 @@ export async function queueCounts(sql: Sql, cap = QUEUE_GAUGE_CAP): Promise<
                limit ${cap}) c)::int as running,
            (select sleep from waiting) as sleep,
            (select signal from waiting) as signal,
+           (select children from waiting) as children,
            (select extract(epoch from now() - min(run_after)) from heads)::float8 as oldest`;
-  const waiting = Math.min(cap, r.sleep + r.signal);
+  const waiting = Math.min(cap, r.sleep + r.signal + r.children);
   return {
     byStatus: { queued: r.queued, running: r.running, waiting },
     capped: { queued: r.queued >= cap, running: r.running >= cap, waiting: waiting >= cap },
-    waitingByReason: { sleep: r.sleep, signal: r.signal },
+    waitingByReason: { sleep: r.sleep, signal: r.signal, children: r.children },
     oldestQueuedAgeSeconds: Math.max(0, r.oldest ?? 0),
   };
 }

@@ -76,7 +76,14 @@ export function runColumns(alias?: string): string {
 }
 
 /** What a queued or waiting run waits for, as `selectRun` finds it (contracts/runs.ts `WaitingReason`). */
-export type WaitingReason = "worker" | "schedule" | "concurrency" | "slot" | "sleep" | "signal";
+export type WaitingReason =
+  | "worker"
+  | "schedule"
+  | "concurrency"
+  | "slot"
+  | "sleep"
+  | "signal"
+  | "children";
 
 /** A run as `selectRun` reads it: with its input, and what it waits for when asked. */
 export type RunDetailRow = RunRow & {

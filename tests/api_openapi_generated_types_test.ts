@@ -103,6 +103,7 @@ export async function demo(): Promise<void> {
     | "slot"
     | "sleep"
     | "signal"
+    | "children"
     | undefined = one.waiting_for?.reason;
   const attempts: number = one.attempts;
   void [replayed, key, version, status, more, waits, attempts, results];

@@ -156,6 +156,7 @@ Deno.test("openapi: the schemas are zod's, generated from contracts/runs.ts", as
     "slot",
     "sleep",
     "signal",
+    "children",
   ]);
   assert.ok(waiting.properties.reason.description?.includes("no running worker"));
   assert.deepEqual(waiting.required, ["reason", "detail"]);

@@ -220,6 +220,9 @@ Deno.test("tenant scope: every db/ function that reaches runs or work_events is 
     // The function a statement calls, by its source text: `(sql) => name(…)`.
     for (const m of st.call.toString().matchAll(/\b(\w+)\(sql/g)) explained.add(m[1]);
   }
+  // A fragment every statement that makes runs final appends (db/fan_in.ts):
+  // explained with each of them.
+  explained.add("fanIn");
   const reaching = await functionsOnRunTables();
   assert.ok(reaching.includes("claimRuns") && reaching.includes("insertRuns"), reaching.join());
   // completeRun calls completeRuns; the plan test explains both.

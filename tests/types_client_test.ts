@@ -16,7 +16,9 @@ import {
   type WorkflowResult,
 } from "@poimen/poimen/client";
 import {
+  ChildRunFailed,
   defineWorkflow,
+  type DurableContext,
   implement,
   isWorkflow,
   isWorkflowDefinition,
@@ -104,8 +106,27 @@ function _definitions() {
   // @ts-expect-error: a worker hosts implementations, not bare definitions
   createWorker({ workflows: [invoice], databaseUrl: "postgres://nowhere" });
 }
+// Children: result() and ctx.map typed by the child's definition.
+async function _children(ctx: DurableContext) {
+  const input = { customer_id: "cus_1", amount_cents: 100, currency: "EUR" as const };
+  const child = await ctx.start("inv", invoice, input);
+  const out = await child.result();
+  same<typeof out, WorkflowResult<typeof invoice>>(true);
+  // @ts-expect-error: an invoice's result has no refunded_cents
+  out.refunded_cents;
+  const all = await ctx.map("invs", invoice, [input, input], { failFast: true });
+  same<typeof all, WorkflowResult<typeof invoice>[]>(true);
+  // @ts-expect-error: each input is the child's input
+  await ctx.map("bad", invoice, [{ refund_id: "r" }]);
+  // @ts-expect-error: failFast is a boolean
+  await ctx.map("opt", invoice, [input], { failFast: "yes" });
+  await ctx.map("bounded", invoice, [input], { concurrency: 10, priority: 1 });
+  // @ts-expect-error: concurrency is a number
+  await ctx.map("opt2", invoice, [input], { concurrency: "10" });
+}
 void _client;
 void _definitions;
+void _children;
 
 Deno.test("types: a definition has no handler, its implementation is the definition with one; a worker refuses a bare definition", () => {
   assert.equal(isWorkflowDefinition(invoice), true);
@@ -124,4 +145,15 @@ Deno.test("types: a definition has no handler, its implementation is the definit
   );
   assert.throws(() => implement({ name: "x", version: 1 } as never, () => 1), /defineWorkflow/);
   assert.throws(() => implement(invoice, "no" as never), /billing\.invoice@1: handler must be/);
+  const failed = new ChildRunFailed({
+    runId: "r",
+    name: "m#c2",
+    workflow: "billing.invoice@1",
+    status: "failed",
+    error: { message: "no", code: "declined" },
+    index: 2,
+  });
+  assert.ok(failed instanceof Error);
+  assert.equal(failed.code, "declined");
+  assert.equal(failed.message, "child m#c2 (run r of billing.invoice@1) failed (declined): no");
 });

@@ -4,8 +4,9 @@
  * derived dispatch keys, so an attempt that crashed after starting some of
  * them and is retried starts each once; the children carry the parent's
  * lineage and run; a child of a workflow no worker registered fails the
- * parent's call at once with the admission's error. Workers run in this
- * process.
+ * parent's call at once with the admission's error; `result()` and
+ * `ctx.map` wait for children (across a retried parent, outputs in input
+ * order, `failFast` cancelling the rest). Workers run in this process.
  */
 import assert from "node:assert/strict";
 import { z } from "zod";
@@ -19,7 +20,7 @@ import { silentLogger } from "../core/log.ts";
 import { insertTenant } from "../db/auth.ts";
 import { registerVersions } from "../db/catalog.ts";
 import { createPool, type Sql } from "../db/pool.ts";
-import { defineWorkflow, type Workflow } from "../workflows/define.ts";
+import { ChildRunFailed, defineWorkflow, type Workflow } from "../workflows/define.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { Worker } from "../worker/worker.ts";
 import { ChildAdmission } from "../worker/child_runs.ts";
@@ -71,7 +72,95 @@ const startsGhost = defineWorkflow({
   },
 });
 
-const WORKFLOWS: AnyWorkflow[] = [square, fanOut, startsGhost];
+// Fails for `fail`; else naps long enough to be waiting (suspended) when a sibling fails.
+const maybe = defineWorkflow({
+  name: "maybe",
+  version: 1,
+  input: z.object({ i: z.number(), fail: z.boolean() }),
+  output: z.object({ i: z.number() }),
+  maxAttempts: 1,
+  async handler({ i, fail }, ctx) {
+    if (fail) throw new Error(`child ${i} fails`);
+    await ctx.sleep("nap", 60_000);
+    return { i };
+  },
+});
+
+const gather = defineWorkflow({
+  name: "gather",
+  version: 1,
+  input: z.object({ n: z.number() }),
+  maxAttempts: 3,
+  async handler({ n }, ctx) {
+    const one = await ctx.start("one", square, { n: 7 });
+    // The first attempt dies between starting the child and waiting for it.
+    if (ctx.attempt === 1) throw new Error("crash before result()");
+    const seven = await one.result();
+    const all = await ctx.map("sq", square, Array.from({ length: n }, (_, i) => ({ n: i })));
+    return { seven: seven.sq, all: all.map((r) => r.sq) };
+  },
+});
+
+const failing = defineWorkflow({
+  name: "failing",
+  version: 1,
+  input: z.object({ n: z.number(), bad: z.number() }),
+  maxAttempts: 1,
+  async handler({ n, bad }, ctx) {
+    const inputs = Array.from({ length: n }, (_, i) => ({ i, fail: i === bad }));
+    try {
+      await ctx.map("m", maybe, inputs, { failFast: true });
+      return { caught: null };
+    } catch (err) {
+      if (!(err instanceof ChildRunFailed)) throw err;
+      return { caught: { index: err.index, status: err.status, message: err.message } };
+    }
+  },
+});
+
+const bounded = defineWorkflow({
+  name: "bounded",
+  version: 1,
+  input: z.object({ n: z.number(), c: z.number() }),
+  async handler({ n, c }, ctx) {
+    const inputs = Array.from({ length: n }, (_, i) => ({ n: i }));
+    const out = await ctx.map("b", square, inputs, { concurrency: c });
+    return out.map((r) => r.sq);
+  },
+});
+
+const wide = defineWorkflow({
+  name: "wide",
+  version: 1,
+  input: z.object({ n: z.number() }),
+  async handler({ n }, ctx) {
+    const out = await ctx.map("w", square, Array.from({ length: n }, (_, i) => ({ n: i })));
+    return { n: out.length, sum: out.reduce((s, r) => s + r.sq, 0) };
+  },
+});
+
+const mapsGhost = defineWorkflow({
+  name: "maps.ghost",
+  version: 1,
+  input: z.object({}),
+  maxAttempts: 1,
+  async handler(_input, ctx) {
+    await ctx.map("g", ghost, [{}, {}]);
+    return null;
+  },
+});
+
+const WORKFLOWS: AnyWorkflow[] = [
+  mapsGhost,
+  square,
+  fanOut,
+  startsGhost,
+  maybe,
+  gather,
+  failing,
+  bounded,
+  wide,
+];
 
 function worker(sql: Sql, extra: AnyWorkflow[] = []) {
   const { host, port, user, database } = sql.options;
@@ -169,7 +258,7 @@ Deno.test("children: a parent retried after crashing while starting them starts 
   }
 });
 
-Deno.test("children: a child of a workflow no worker registered fails the parent's call at once, clearly", async () => {
+Deno.test("children: a child of a workflow no worker registered fails the parent's call at once, clearly", async (t) => {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
   const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry(WORKFLOWS)), {
@@ -195,6 +284,174 @@ Deno.test("children: a child of a workflow no worker registered fails the parent
     const [{ n }] = await db.sql<{ n: number }[]>`
       select count(*)::int as n from runs where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
     assert.equal(n, 0);
+
+    await t.step("a map of it fails its step the same way", async () => {
+      const mapper = (await admission.admit({ workflow_ref: "maps.ghost", input: {} }, {
+        tenantId: TENANT,
+        source: "test",
+        entry: "http",
+      })).run.run_id;
+      const ended = await waitFor("map parent final", final(db.sql, mapper), 20_000);
+      assert.equal(ended.status, "failed");
+      assert.match(ended.error!.message, /unknown workflow "ghost@1"/);
+      const [mapStep] = await db.sql<{ name: string; status: string }[]>`
+        select name, status from run_steps where tenant_id = ${TENANT} and run_id = ${mapper}`;
+      assert.deepEqual(mapStep, { name: "g", status: "failed" });
+    });
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+async function admitRoot(sql: Sql, workflow: string, input: unknown): Promise<string> {
+  const admission = new Admission(sql, catalogOf(new WorkflowRegistry(WORKFLOWS)), {
+    maxBatch: 16,
+    maxConcurrent: 2,
+  });
+  return (await admission.admit({ workflow_ref: workflow, input }, {
+    tenantId: TENANT,
+    source: "test",
+    entry: "http",
+  })).run.run_id;
+}
+
+async function eventsOf(sql: Sql, runId: string, type: string) {
+  return await sql<{ payload: { reason?: string; by?: string; name?: string } }[]>`
+    select payload from work_events where tenant_id = ${TENANT} and run_id = ${runId}
+       and type = ${type} order by seq`;
+}
+
+Deno.test("children: result() across a retried parent, and ctx.map's outputs in input order", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const parent = await admitRoot(db.sql, "gather", { n: N });
+    const done = await waitFor("parent final", final(db.sql, parent), 30_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    assert.deepEqual(done.result, {
+      seven: 49,
+      all: Array.from({ length: N }, (_, i) => i * i),
+    });
+    const keys = (await db.sql<{ dispatch_key: string }[]>`
+      select dispatch_key from runs where tenant_id = ${TENANT} and parent_run_id = ${parent}`)
+      .map((r) => r.dispatch_key).sort();
+    assert.deepEqual(
+      keys,
+      [`child:${parent}:one`, ...Array.from({ length: N }, (_, i) => `child:${parent}:sq#c${i}`)]
+        .sort(),
+      "one child, and one per input: none twice across the retry",
+    );
+    // Each wait for children woke the parent at most once: the map's once at most.
+    const woken = await eventsOf(db.sql, parent, "run.woken");
+    assert.ok(woken.every((e) => e.payload.by === "child"));
+    assert.ok(woken.filter((e) => e.payload.name === "sq").length <= 1);
+    const waits = await eventsOf(db.sql, parent, "run.waiting");
+    assert.equal(waits.length, woken.length, "every suspend for children was woken once");
+    // The map stored its group and count, not the outputs.
+    const [step] = await db.sql<{ result: unknown }[]>`
+      select result from run_steps where tenant_id = ${TENANT} and run_id = ${parent}
+         and name = 'sq'`;
+    assert.deepEqual(step.result, { group: "sq", count: N });
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: ctx.map with failFast throws the failed child's ChildRunFailed and cancels the rest", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const parent = await admitRoot(db.sql, "failing", { n: 10, bad: 6 });
+    const done = await waitFor("parent final", final(db.sql, parent), 30_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    const caught = (done.result as {
+      caught: { index: number; status: string; message: string };
+    }).caught;
+    assert.equal(caught.index, 6);
+    assert.equal(caught.status, "failed");
+    assert.match(caught.message, /child m#c6 .* failed: child 6 fails/);
+    // The others napped (waiting) and ended cancelled: none runs on.
+    const kids = await waitFor("children final", async () => {
+      const rows = await db.sql<{ dispatch_key: string; status: string }[]>`
+        select dispatch_key, status from runs
+         where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
+      return rows.every((r) => ["succeeded", "failed", "cancelled"].includes(r.status))
+        ? rows
+        : undefined;
+    }, 20_000);
+    assert.equal(kids.length, 10);
+    for (const k of kids) {
+      assert.equal(
+        k.status,
+        k.dispatch_key.endsWith("#c6") ? "failed" : "cancelled",
+        k.dispatch_key,
+      );
+    }
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: ctx.map with concurrency keeps at most that many children unfinished, outputs in order", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const parent = await admitRoot(db.sql, "bounded", { n: 12, c: 3 });
+    const done = await waitFor("parent final", final(db.sql, parent), 30_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    assert.deepEqual(done.result, Array.from({ length: 12 }, (_, i) => i * i));
+    // At each child's admission, the children admitted before it and not
+    // yet final (by Postgres' clock) are within the bound.
+    const [{ most, n }] = await db.sql<{ most: number; n: number }[]>`
+      select max(o.open)::int as most, count(*)::int as n
+        from runs c
+       cross join lateral (
+             select count(*) as open from runs d
+              where d.tenant_id = ${TENANT} and d.parent_run_id = ${parent}
+                and d.created_at <= c.created_at and d.finished_at > c.created_at) o
+       where c.tenant_id = ${TENANT} and c.parent_run_id = ${parent}`;
+    assert.equal(n, 12);
+    assert.ok(most <= 3, `${most} children unfinished at once`);
+    const waits = await eventsOf(db.sql, parent, "run.waiting");
+    assert.ok(waits.length >= 1, "the parent waited for room at least once");
+  } finally {
+    await w.stop();
+    await db.drop();
+  }
+});
+
+Deno.test("children: a map of 2,000 children is admitted in batches and wakes its parent once", async () => {
+  const db = await freshDatabase();
+  await insertTenant(db.sql, TENANT);
+  const w = worker(db.sql);
+  try {
+    await w.start();
+    const n = 2_000;
+    const parent = await admitRoot(db.sql, "wide", { n });
+    const done = await waitFor("parent final", final(db.sql, parent), 120_000);
+    assert.equal(done.status, "succeeded", JSON.stringify(done.error));
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += i * i;
+    assert.deepEqual(done.result, { n, sum });
+    // Admitted together: far fewer admission transactions than children.
+    const [{ kids, txs }] = await db.sql<{ kids: number; txs: number }[]>`
+      select count(*)::int as kids, count(distinct created_at)::int as txs from runs
+       where tenant_id = ${TENANT} and parent_run_id = ${parent}`;
+    assert.equal(kids, n);
+    assert.ok(txs <= n / 50, `${txs} admission transactions for ${n} children`);
+    const woken = await eventsOf(db.sql, parent, "run.woken");
+    assert.ok(woken.length <= 1, `${woken.length} wakes`);
+    const waits = await eventsOf(db.sql, parent, "run.waiting");
+    assert.equal(waits.length, woken.length);
   } finally {
     await w.stop();
     await db.drop();

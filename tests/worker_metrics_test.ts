@@ -31,7 +31,7 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
     {
       byStatus: { queued: 7, running: 1, waiting: 0 },
       capped: { queued: false, running: false, waiting: false },
-      waitingByReason: { sleep: 0, signal: 0 },
+      waitingByReason: { sleep: 0, signal: 0, children: 0 },
       oldestQueuedAgeSeconds: 3,
       waitingForWorker: [{ workflow: "a@1", runs: 5 }, { workflow: "b@2", runs: 2 }],
       limited: [],
@@ -39,7 +39,7 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
     {
       byStatus: { queued: 2, running: 0, waiting: 0 },
       capped: { queued: false, running: false, waiting: false },
-      waitingByReason: { sleep: 0, signal: 0 },
+      waitingByReason: { sleep: 0, signal: 0, children: 0 },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [{ workflow: "b@2", runs: 2 }],
       limited: [],
@@ -48,7 +48,7 @@ Deno.test("worker metrics: poimen_runs_waiting_for_worker follows each scrape, o
     {
       byStatus: { queued: 0, running: 0, waiting: 0 },
       capped: { queued: false, running: false, waiting: false },
-      waitingByReason: { sleep: 0, signal: 0 },
+      waitingByReason: { sleep: 0, signal: 0, children: 0 },
       oldestQueuedAgeSeconds: 0,
       waitingForWorker: [],
       limited: [],
@@ -261,7 +261,7 @@ Deno.test("worker metrics: a worker that is not the leader reports no queue-wide
       return Promise.resolve({
         byStatus: { queued: 3, running: 1, waiting: 0 },
         capped: { queued: false, running: false, waiting: false },
-        waitingByReason: { sleep: 0, signal: 0 },
+        waitingByReason: { sleep: 0, signal: 0, children: 0 },
         oldestQueuedAgeSeconds: 2,
         waitingForWorker: [{ workflow: "a@1", runs: 3 }],
         limited: [],

@@ -161,6 +161,7 @@ export async function startChild<O>(
   run: ParentRun,
   step: (fn: (stepKey: string) => Promise<{ run_id: string }>) => Promise<{ run_id: string }>,
   call: StartCall,
+  result: (runId: string) => Promise<O>,
 ): Promise<ChildRun<O>> {
   const { name, definition, input, options = {} } = call;
   if (!children) throw new TypeError(`ctx.start ${name}: this worker cannot start child runs`);
@@ -178,5 +179,6 @@ export async function startChild<O>(
     });
     return { run_id: child.run_id };
   });
-  return { runId: started.run_id };
+  const runId = started.run_id;
+  return { runId, result: () => result(runId) };
 }

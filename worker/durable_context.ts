@@ -1,22 +1,20 @@
 /**
- * The durable calls of one attempt (`ctx.step`, `ctx.stepKey`, `ctx.sleep`,
- * `ctx.sleepUntil`, `ctx.waitForSignal`: workflows/durable.ts), on the
- * statements of db/run_steps.ts, db/signals.ts and db/suspension.ts.
+ * The durable calls of one attempt (workflows/durable.ts), on the statements
+ * of db/run_steps.ts, db/signals.ts and db/suspension.ts; children's in
+ * worker/child_runs.ts and worker/child_waits.ts.
  *
  * Replay: the run's stored calls are read once, at the attempt's first
- * durable call (a run that makes none reads nothing). Each call takes its
- * name (`name`, `name#2`… per name, in call order) and its place in the
- * call order synchronously, when it is made, then meets the stored call of
- * that name: a completed one returns its stored result without calling
- * anything; one of another kind, or in another place, or another name in
- * its place, is `non-determinism`, which fails the run for good whatever
- * the handler does with the error.
+ * durable call. Each call takes its name (`name`, `name#2`… per name, in
+ * call order) and its place synchronously, when it is made, then meets the
+ * stored call of that name: a completed one returns its stored result; one
+ * of another kind, or in another place, or another name in its place, is
+ * `non-determinism`, which fails the run for good whatever the handler does.
  *
  * Waiting: a sleep or a signal wait with at most `suspendAfterMs` left waits
- * here; a longer one suspends the run (db/suspension.ts). Once suspended,
- * the attempt is over: `suspension` resolves (the worker frees the slot at
- * once), the handler's signal is aborted with `RunSuspended`, and every
- * durable call from then on throws it and writes nothing.
+ * here; a longer one (or a wait for children) suspends the run. Once
+ * suspended the attempt is over: `suspension` resolves (the worker frees the
+ * slot at once), the handler's signal is aborted with `RunSuspended`, and
+ * every durable call from then on throws it and writes nothing.
  */
 import { AsyncLocalStorage } from "node:async_hooks";
 import { type ErrorCode, PoimenError } from "../core/errors.ts";
@@ -43,6 +41,7 @@ import type {
 import type { WorkflowContext } from "../workflows/define.ts";
 import type { Attempt } from "./attempt.ts";
 import { type ChildAdmission, startChild } from "./child_runs.ts";
+import { childResult, type ChildWaitHost, mapChildren } from "./child_waits.ts";
 import type { WorkerHooks } from "./hooks.ts";
 import { attemptError, boundError, encodeResult, errorMessage } from "./run_output.ts";
 
@@ -138,7 +137,10 @@ export class DurableCalls {
           this.#attempt.run,
           (fn) => this.#step(name, fn),
           { name, definition, input, options },
+          (runId) => childResult(this.#childHost(), runId),
         ),
+      map: (name, definition, inputs, options) =>
+        mapChildren(this.#childHost(), { name, definition, inputs, options }),
     };
     return Object.defineProperties({ ...base } as WorkflowContext, {
       ...Object.getOwnPropertyDescriptors(calls),
@@ -352,9 +354,28 @@ export class DurableCalls {
     );
   }
 
+  /** What the waits for children need (worker/child_waits.ts). */
+  #childHost(): ChildWaitHost {
+    return {
+      sql: this.#deps.sql,
+      fence: this.#fence,
+      run: this.#attempt.run,
+      children: this.#deps.children,
+      live: () => this.#live(),
+      write: (fn, events) => this.#write(fn, events),
+      suspend: (fn, wait) =>
+        this.#suspend({ reason: "children", name: wait.name, step: wait.step, until: null }, fn),
+      diverged: (detail) => this.#diverged(detail),
+      step: (name, fn) => this.#step(name, fn),
+    };
+  }
+
   /** Suspends the run, or returns when its wait has already ended (the caller looks again). */
-  async #suspend(wait: Wait): Promise<void> {
-    const outcome = await this.#write(() => suspendRun(this.#deps.sql, this.#fence, wait));
+  async #suspend(
+    wait: Omit<Wait, "reason"> & { reason: Wait["reason"] | "children" },
+    suspend = () => suspendRun(this.#deps.sql, this.#fence, wait as Wait),
+  ): Promise<void> {
+    const outcome = await this.#write(suspend);
     if (outcome === "ready") return;
     if (outcome === "lost") throw this.#lost();
     if (outcome === "cancel-requested") throw new Error("cancel requested while waiting");

@@ -93,6 +93,7 @@ export class Finisher {
       attempt: run.attempts,
       result_json: encoded.json,
       limited: run.concurrency_key != null,
+      child: run.parent_run_id != null,
     };
     const ok = await this.#write(attempt, () => this.#completions.submit(completion));
     hooks.onFinished?.(ok ? "succeeded" : "lost");

@@ -38,8 +38,8 @@ export interface WorkerHooks {
   onLeader?(leader: boolean): void;
   /** A durable call ended (its wait included): its kind, how, and how long it took. */
   onStepFinished?(kind: StepKind, outcome: "completed" | "failed", seconds: number): void;
-  /** A run was suspended, waiting for a sleep's end or a signal. */
-  onSuspended?(reason: "sleep" | "signal"): void;
+  /** A run was suspended, waiting for a sleep's end, a signal or its children. */
+  onSuspended?(reason: "sleep" | "signal" | "children"): void;
   /** The waker queued runs whose deadline came (worker/run_waker.ts). */
   onWoken?(runs: number): void;
   /** A lease renewal answered: one statement, renewing `runs` runs' leases. */

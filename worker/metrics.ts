@@ -181,7 +181,7 @@ export function createWorkerMetrics(
   new client.Gauge({
     name: "poimen_runs_waiting",
     help:
-      `Waiting runs (suspended, all tenants) by what they wait for: sleep (a long ctx.sleep) or signal (ctx.waitForSignal), each counted up to ${QUEUE_GAUGE_CAP}; reported by the leader only`,
+      `Waiting runs (suspended, all tenants) by what they wait for: sleep (a long ctx.sleep), signal (ctx.waitForSignal) or children (result(), ctx.map), each counted up to ${QUEUE_GAUGE_CAP}; reported by the leader only`,
     labelNames: ["reason"] as const,
     registers,
     async collect() {
@@ -201,7 +201,8 @@ export function createWorkerMetrics(
   });
   const suspended = new client.Counter({
     name: "poimen_worker_suspended_total",
-    help: "Runs this worker suspended (waiting for a long sleep's end or a signal), by reason",
+    help:
+      "Runs this worker suspended (waiting for a long sleep's end, a signal or its children), by reason",
     labelNames: ["reason"] as const,
     registers,
   });

@@ -54,6 +54,7 @@ export type {
   Fields,
   InputSchema,
   Logger,
+  MapOptions,
   ScheduleDeclaration,
   Schema,
   Signal,
@@ -70,6 +71,7 @@ export type {
   WorkflowOptions,
   WorkflowResult,
 } from "../workflows/define.ts";
+export { ChildRunFailed } from "../workflows/define.ts";
 
 /** What `runWorker` takes. */
 export interface RunWorkerOptions {

@@ -71,9 +71,11 @@ export type {
   WorkflowResult,
 } from "../contracts/workflow.ts";
 import type { DurableContext } from "./durable.ts";
+export { ChildRunFailed } from "./durable.ts";
 export type {
   ChildRun,
   DurableContext,
+  MapOptions,
   Signal,
   StartOptions,
   StepOptions,

@@ -1,7 +1,7 @@
 /**
  * A handler's durable calls: the part of its context (`ctx`) whose results
  * survive the worker (docs/workflows.md, "Durable steps, sleeps and
- * signals"). Types only: a worker gives each attempt an implementation
+ * signals"). Types (and `ChildRunFailed`): a worker gives each attempt an implementation
  * (worker/durable_context.ts) that stores each call's result in Postgres
  * and, on every later attempt, returns it instead of calling again.
  *
@@ -52,15 +52,88 @@ export interface StartOptions {
   detached?: boolean;
 }
 
+/** Options of `ctx.map`. */
+export interface MapOptions {
+  /** The children's priority, -10..10 (higher first within the tenant); 0 by default. */
+  priority?: number;
+  /**
+   * At the first child that fails (or is cancelled), wake the parent at
+   * once, cancel the children not yet final, and throw its
+   * `ChildRunFailed`; unset, the map waits for every child, then throws the
+   * first failure in input order.
+   */
+  failFast?: boolean;
+  /**
+   * At most this many of the map's children unfinished at once (an integer
+   * >= 1; unset: all admitted at once). The parent then waits for half of
+   * them to end before admitting more: it is woken about 2n/concurrency
+   * times instead of once.
+   */
+  concurrency?: number;
+}
+
 /**
  * A child run a handler started (`ctx.start`). `O` is its workflow's
- * result type, for the waits on it that are still to come (issue 31).
+ * result type.
  */
 export interface ChildRun<O = unknown> {
   /** The child's run id: the same on every attempt of the parent. */
   readonly runId: string;
-  /** Phantom: the child's result type. */
-  readonly __result?: O;
+  /**
+   * The child's result, once it is final: its output when it succeeded;
+   * when it failed or was cancelled, a `ChildRunFailed` is thrown (catch it
+   * to go on). While the child runs the parent waits holding no worker
+   * slot (`waiting`, as for a long sleep), woken by the child's finishing
+   * transaction. Not a call of its own in the call order: it reads the
+   * child's outcome, which never changes once final.
+   */
+  result(): Promise<O>;
+}
+
+/**
+ * A child that did not succeed, thrown by `result()` and `ctx.map`: it
+ * `failed` (`code` and `error` say why) or was `cancelled`.
+ */
+export class ChildRunFailed extends Error {
+  /** The child's run id. */
+  readonly runId: string;
+  /** Its call name in the parent (`invoice`, or a map's `<name>#c<i>`). */
+  readonly child: string;
+  /** Its place in the map's inputs; undefined for a `ctx.start` child. */
+  readonly index: number | undefined;
+  /** `failed` or `cancelled`. */
+  readonly status: "failed" | "cancelled";
+  /** Its error code (`lease-expired`, `invalid-output`, …), when it failed with one. */
+  readonly code: string | undefined;
+  /** Its stored error (`{message, code?, …}`); null when cancelled. */
+  readonly error: unknown;
+
+  /** Describes a child that did not succeed. */
+  constructor(child: {
+    runId: string;
+    name: string;
+    workflow: string;
+    status: "failed" | "cancelled";
+    error: unknown;
+    index?: number;
+  }) {
+    const err = (child.error ?? {}) as { code?: unknown; message?: unknown };
+    const what = `child ${child.name} (run ${child.runId} of ${child.workflow})`;
+    super(
+      child.status === "failed"
+        ? `${what} failed${typeof err.code === "string" ? ` (${err.code})` : ""}: ${
+          String(err.message ?? "no message")
+        }`
+        : `${what} was cancelled`,
+    );
+    this.name = "ChildRunFailed";
+    this.runId = child.runId;
+    this.child = child.name;
+    this.index = child.index;
+    this.status = child.status;
+    this.code = typeof err.code === "string" ? err.code : undefined;
+    this.error = child.error ?? null;
+  }
 }
 
 /** A signal as a wait returns it: sent to the run with `POST /v1/runs/{id}/signals`. */
@@ -146,4 +219,21 @@ export interface DurableContext<S extends SignalSchemas = SignalSchemas> {
     input: WorkflowInput<W>,
     options?: StartOptions,
   ): Promise<ChildRun<WorkflowResult<W>>>;
+  /**
+   * Starts one child of `definition` per input (named `<name>#c<i>`, each
+   * once per run as `start`'s), admitted in batches, and resolves with
+   * their outputs in input order once all are final. The parent waits
+   * once, holding no slot, and is woken once, by the last child's finishing
+   * transaction (or, with `failFast`, the first failure's). A child that
+   * did not succeed makes it throw its `ChildRunFailed` (the first in input
+   * order; with `failFast`, the rest are cancelled). Each child's output is
+   * kept with the child and read on resume, not stored as a step result.
+   */
+  // deno-lint-ignore no-explicit-any
+  map<W extends WorkflowDefinition<any, any, any, any, any>>(
+    name: string,
+    definition: W,
+    inputs: readonly WorkflowInput<W>[],
+    options?: MapOptions,
+  ): Promise<WorkflowResult<W>[]>;
 }

@@ -56,6 +56,13 @@ import {
 } from "../../db/run_steps.ts";
 import { sendSignal, settleSignalWait, signalPending } from "../../db/signals.ts";
 import { suspendRun, wakeDueRuns } from "../../db/suspension.ts";
+import {
+  awaitChildren,
+  cancelChildren,
+  childGroupState,
+  selectChild,
+  selectChildOutcomes,
+} from "../../db/fan_in.ts";
 
 export const TENANTS = 20;
 /** The bulk data's limited workflow (one run in ten), as a worker hosting it claims. */
@@ -305,6 +312,7 @@ export function hotStatements(s: Sample): HotStatement[] {
             attempt: i === 0 ? s.attempt : 1,
             result_json: "null",
             limited: false,
+            child: false,
           })),
         ),
       indexes: { runs: ["runs_pkey"] },
@@ -336,7 +344,8 @@ export function hotStatements(s: Sample): HotStatement[] {
     {
       name: "queue: reclaimExpired",
       call: (sql) => reclaimExpired(sql, 100),
-      indexes: { runs: ["runs_running_tenant_idx"] },
+      // runs_pkey: the parents of the children it fails for good (db/fan_in.ts).
+      indexes: { runs: ["runs_running_tenant_idx", "runs_pkey"] },
     },
     {
       // The slot reconciler's count of one group: its queued runs are one
@@ -532,6 +541,35 @@ export function hotStatements(s: Sample): HotStatement[] {
       name: "durable: wakeDueRuns",
       call: (sql) => wakeDueRuns(sql, 100),
       indexes: { runs: ["runs_waiting_tenant_idx"] },
+    },
+    {
+      // The lock, then the count of the group's unfinished children (one
+      // range of the parent's children) and the suspend.
+      name: "fan-in: awaitChildren",
+      call: (sql) => awaitChildren(sql, fence, { group: "m", failFast: true }),
+      fromRuns: 100,
+      indexes: { runs: ["runs_pkey", "runs_parent_idx"] },
+    },
+    {
+      name: "fan-in: selectChildOutcomes (a map's children, on resume)",
+      call: (sql) => selectChildOutcomes(sql, s.tenant, s.runningRun, "m"),
+      indexes: { runs: ["runs_parent_idx"] },
+    },
+    {
+      name: "fan-in: childGroupState (a bounded map's counts)",
+      call: (sql) => childGroupState(sql, s.tenant, s.runningRun, "m"),
+      indexes: { runs: ["runs_parent_idx"] },
+    },
+    {
+      name: "fan-in: selectChild (result() of one child)",
+      call: (sql) => selectChild(sql, s.tenant, s.runningRun, s.runningRun),
+      indexes: { runs: ["runs_pkey"] },
+    },
+    {
+      // The group's children, then each one's parent by its key (the fan-in).
+      name: "fan-in: cancelChildren (failFast)",
+      call: (sql) => cancelChildren(sql, s.tenant, s.runningRun, "m"),
+      indexes: { runs: ["runs_parent_idx", "runs_pkey"] },
     },
     {
       // The tick's `skip` overlap check: the schedule's last run, by primary key.
