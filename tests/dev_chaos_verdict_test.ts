@@ -9,7 +9,8 @@
  *   deno test -A tests/dev_chaos_verdict_test.ts
  */
 import assert from "node:assert/strict";
-import { DURABLE, KEYED, type Plan, plan } from "../dev/chaos/plan.ts";
+import { DURABLE, KEYED, PARENT, type Plan, plan } from "../dev/chaos/plan.ts";
+import type { ParentRun } from "../dev/chaos/parent_runs.ts";
 import type { SlotGroup } from "../dev/chaos/observe.ts";
 import type { DurableRun } from "../dev/chaos/step_calls.ts";
 import {
@@ -65,6 +66,7 @@ function perfect(p: Plan): Observed {
       final: [group(TENANTS.poisoned, "g1", 0, 0), group(TENANTS.clean, "g1", 0, 0)],
     },
     durable: [],
+    parents: [],
   };
   const groups = new Map(
     p.messages.filter((m) => m.group).map((m) => [`${m.tenant}/${m.dispatchKey}`, m.group!]),
@@ -74,18 +76,29 @@ function perfect(p: Plan): Observed {
       m,
     ) => [`${m.tenant}/${m.dispatchKey}`, m.sleepMs!]),
   );
+  const parents = new Map(
+    p.messages.filter((m) => m.children !== undefined).map((
+      m,
+    ) => [`${m.tenant}/${m.dispatchKey}`, m.children!]),
+  );
   const addRun = (tenant: string, dispatchKey: string | null, marker: string | null) => {
     const runId = crypto.randomUUID();
     const group = groups.get(`${tenant}/${dispatchKey}`) ?? null;
     const sleepMs = sleeps.get(`${tenant}/${dispatchKey}`);
     if (sleepMs !== undefined) seen.durable.push(durableRun(tenant, runId, dispatchKey!, sleepMs));
+    const children = parents.get(`${tenant}/${dispatchKey}`);
+    if (children !== undefined) seen.parents.push(parentRun(tenant, runId, dispatchKey!, children));
     seen.runs.push({
       tenant,
       runId,
       dispatchKey,
-      workflowName: group === null
-        ? (sleepMs === undefined ? "echo" : DURABLE.workflow)
-        : KEYED.workflow,
+      workflowName: group !== null
+        ? KEYED.workflow
+        : sleepMs !== undefined
+        ? DURABLE.workflow
+        : children !== undefined
+        ? PARENT.workflow
+        : "echo",
       concurrencyKey: group,
       status: "succeeded",
       eventSeq: 3,
@@ -111,6 +124,24 @@ function perfect(p: Plan): Observed {
 }
 
 let callIds = 0;
+
+/** A parent that went right: its map's children and its lone one, each once, succeeded. */
+function parentRun(tenant: string, runId: string, dispatchKey: string, mapped: number): ParentRun {
+  const js = Array.from({ length: mapped + 1 }, (_, j) => j);
+  return {
+    tenant,
+    runId,
+    dispatchKey,
+    status: "succeeded",
+    result: { key: dispatchKey, js },
+    children: js.map((j) => ({
+      dispatchKey: `child:${runId}:${j < mapped ? `${PARENT.map}#c${j}` : PARENT.solo}`,
+      status: "succeeded",
+      j,
+    })),
+    waited: 2,
+  };
+}
 
 /**
  * A durable run that went right: each step called once and stored after its
@@ -508,4 +539,34 @@ Deno.test("chaos verdict: a sleep that ended early, a suspension never woken, or
   v = verdict(p, quiet, TENANTS.clean);
   assert.deepEqual(nonZero(v.counts), { sleeps: 1 });
   assert.equal(v.info.durable.suspendedRuns, 0);
+});
+
+Deno.test("chaos verdict: a few keys are parents; a second child, a lost one, a parent left waiting are flagged", () => {
+  const p = workload();
+  const planned = p.messages.filter((m) => m.kind === "fresh" && m.children !== undefined);
+  assert.ok(planned.length > 0, "the workload has parents");
+  for (const m of planned) {
+    const body = JSON.parse(m.value);
+    assert.equal(body.workflow_ref, PARENT.workflow);
+    assert.equal(body.input.children, m.children);
+    assert.ok(m.children! >= PARENT.minChildren && m.children! <= PARENT.maxChildren);
+  }
+  assert.deepEqual(nonZero(verdict(p, perfect(p), TENANTS.clean).counts), {});
+
+  const seen = perfect(p);
+  const [a, b, c, d] = seen.parents.filter((x) => x.tenant === TENANTS.poisoned);
+  // A retried parent that started its first child again.
+  a.children.push({ ...a.children[0], dispatchKey: "child:other" });
+  // A succeeded parent missing its lone child, its result still claiming it.
+  b.children.pop();
+  // A parent still waiting though every child is final.
+  c.status = "waiting";
+  // A result not built from the children.
+  d.result = { key: d.dispatchKey, js: [0] };
+  const v = verdict(p, seen, TENANTS.clean);
+  assert.deepEqual(nonZero(v.counts), {
+    children_dup: 2,
+    children_lost: 2,
+    parents_waiting: 1,
+  });
 });

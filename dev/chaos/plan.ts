@@ -51,6 +51,8 @@ export interface PlannedMessage {
   group?: string;
   /** Runs of the durable workflow (DURABLE): how long its sleep lasts. */
   sleepMs?: number;
+  /** Runs of the parent workflow (PARENT): how many children its map starts. */
+  children?: number;
 }
 
 /** A poison message: one of the planned messages, of a poison kind. */
@@ -82,6 +84,8 @@ export interface Plan {
   limited: { workflow: string; limit: number };
   /** The durable workflow (DURABLE) and its steps, in call order. */
   durable: { workflow: string; steps: readonly string[]; sleep: string };
+  /** The parent workflow (PARENT). */
+  parents: { workflow: string };
 }
 
 /**
@@ -95,6 +99,7 @@ const SHARES = {
   race: 0.1,
   keyed: 0.25,
   durable: 0.15,
+  parent: 0.06,
 } as const;
 
 /**
@@ -128,6 +133,22 @@ export const DURABLE = {
   suspendAfterMs: 300,
   minSleepMs: 1000,
   maxSleepMs: 4000,
+} as const;
+
+/**
+ * The parent workflow of the workload (dev/chaos/workflows.ts defines it): a
+ * map of `minChildren` to `maxChildren` children of echo (`ctx.map`, name
+ * `map`), then one more child (`ctx.start`, name `solo`) whose `result()` it
+ * waits for; each wait suspends the parent (no slot held) until its
+ * children's finishing statements wake it. Its result lists every child's
+ * `j` in order, so a result not built from its children shows.
+ */
+export const PARENT = {
+  workflow: "chaos.parent",
+  map: "parts",
+  solo: "solo",
+  minChildren: 2,
+  maxChildren: 8,
 } as const;
 
 /** mulberry32: a small, fast, seedable PRNG (the workload, not security). */
@@ -244,6 +265,24 @@ function tenantMessages(
       });
       continue;
     }
+    if (random() < SHARES.parent) {
+      const children = PARENT.minChildren +
+        Math.floor(random() * (PARENT.maxChildren - PARENT.minChildren + 1));
+      list.push({
+        tenant,
+        key: `${tenant}/${dispatchKey}`,
+        value: body({
+          workflow_ref: PARENT.workflow,
+          input: { i, key: dispatchKey, children },
+          dispatch_key: dispatchKey,
+        }),
+        kind: "fresh",
+        dispatchKey,
+        race,
+        children,
+      });
+      continue;
+    }
     if (random() < SHARES.durable) {
       const sleepMs = DURABLE.minSleepMs +
         Math.floor(random() * (DURABLE.maxSleepMs - DURABLE.minSleepMs));
@@ -300,8 +339,9 @@ function tenantMessages(
  * about 20 % redeliveries on each; about 1 % poison (at least one of each
  * kind) on the poisoned tenant; about 10 % of fresh keys raced over HTTP;
  * about 25 % of fresh keys runs of the limited workflow (KEYED), over its
- * groups on each tenant; about 11 % (15 % of the rest) runs of the durable
- * workflow (DURABLE).
+ * groups on each tenant; about 4 % (6 % of the rest) runs of the parent
+ * workflow (PARENT), each with its children; about 11 % (15 % of the rest)
+ * runs of the durable workflow (DURABLE).
  */
 export function plan(opts: PlanOptions): Plan {
   const random = prng(opts.seed);
@@ -337,5 +377,6 @@ export function plan(opts: PlanOptions): Plan {
     poison,
     limited: { workflow: KEYED.workflow, limit: KEYED.limit },
     durable: { workflow: DURABLE.workflow, steps: DURABLE.steps, sleep: DURABLE.sleep },
+    parents: { workflow: PARENT.workflow },
   };
 }

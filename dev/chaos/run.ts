@@ -5,9 +5,11 @@
  * down. See dev/chaos.ts for the command.
  */
 import { Cluster } from "./cluster.ts";
-import { DURABLE, KEYED, type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
+import { DURABLE, KEYED, PARENT, type Plan, plan, type PlannedMessage, prng } from "./plan.ts";
 import { createStepCalls, selectDurableRuns } from "./step_calls.ts";
 import { describeDurable } from "./verdict_durable.ts";
+import { describeChildren } from "./verdict_children.ts";
+import { selectParentRuns } from "./parent_runs.ts";
 import {
   databaseBacklog,
   type DrainState,
@@ -95,7 +97,7 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
     bodyLimit: BODY_LIMIT,
     pgRestart: opts.pgRestart,
     workflowsModule: WORKFLOWS_MODULE,
-    workflows: ["echo", KEYED.workflow, DURABLE.workflow],
+    workflows: ["echo", KEYED.workflow, DURABLE.workflow, PARENT.workflow],
     // Lower than the durable runs' sleeps: each suspends its run.
     workerEnv: { WORKER_SUSPEND_AFTER_MS: String(DURABLE.suspendAfterMs) },
     say,
@@ -223,6 +225,7 @@ export async function runChaos(opts: ChaosOptions): Promise<number> {
         `${l.contended} samples with a group at its limit and runs waiting`,
     );
     say(describeDurable(workload.durable.workflow, result.info.durable));
+    say(describeChildren(workload.parents.workflow, result.info.children));
     console.log(
       `chaos: ${workload.messages.length} msgs, ${keys} keys, ${total} faults | ` +
         COUNTERS.map((c) => `${c}=${result.counts[c]}`).join(" ") +
@@ -430,7 +433,8 @@ async function observe(cluster: Cluster, workload: Plan) {
   const unpublished = await retrying(() => selectUnpublished(cluster.sql));
   const finalSlots = await retrying(() => selectSlotGroups(cluster.sql));
   const durable = await retrying(() => selectDurableRuns(cluster.sql, DURABLE.workflow));
-  return { runs, events, deadLetters, dispatchCopies, unpublished, finalSlots, durable };
+  const parents = await retrying(() => selectParentRuns(cluster.sql, PARENT.workflow));
+  return { runs, events, deadLetters, dispatchCopies, unpublished, finalSlots, durable, parents };
 }
 
 /** A read of the database, retried through what is left of a connection kill. */

@@ -9,6 +9,9 @@ import type { RunRow, SlotGroup, UnpublishedEvent } from "./observe.ts";
 import type { SlotSample } from "./sampler.ts";
 import type { DurableRun } from "./step_calls.ts";
 import { checkDurable, DURABLE_COUNTERS, type DurableInfo } from "./verdict_durable.ts";
+import { checkLimits } from "./verdict_limits.ts";
+import { checkChildren, CHILDREN_COUNTERS, type ChildrenInfo } from "./verdict_children.ts";
+import type { ParentRun } from "./parent_runs.ts";
 
 /** Every invariant, in the order the summary line prints them. */
 export const COUNTERS = [
@@ -50,6 +53,8 @@ export const COUNTERS = [
   "slotdrift",
   /** Durable runs' steps and sleeps (dev/chaos/verdict_durable.ts). */
   ...DURABLE_COUNTERS,
+  /** Parents and their children (dev/chaos/verdict_children.ts). */
+  ...CHILDREN_COUNTERS,
   /** Violations above that concern the clean tenant. */
   "tenant_b",
 ] as const;
@@ -112,6 +117,8 @@ export interface Observed {
   slots: { samples: SlotSample[]; failed: number; final: SlotGroup[] };
   /** The runs of the durable workflow, with their stored steps and recorded step calls. */
   durable: DurableRun[];
+  /** The runs of the parent workflow, with their children. */
+  parents: ParentRun[];
 }
 
 /** What the sampler saw of the limited workflow's groups: evidence the limit was exercised. */
@@ -139,6 +146,7 @@ export interface Verdict {
     events: number;
     limited: LimitInfo;
     durable: DurableInfo;
+    children: ChildrenInfo;
   };
 }
 
@@ -238,6 +246,7 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
 
   const limited = checkLimits(plan, seen, flag);
   const durable = checkDurable(plan, seen.durable, flag);
+  const children = checkChildren(plan, seen.parents, flag);
 
   for (const [partition, n] of seen.uncommitted) {
     if (n > 0) {
@@ -261,94 +270,13 @@ export function verdict(plan: Plan, seen: Observed, clean: string): Verdict {
       events: seen.events.length,
       limited,
       durable,
+      children,
     },
   };
 }
 
-/**
- * The concurrency limit: no sample with more of a group's runs running
- * than the limit, every run of the limited workflow in its planned group,
- * and the slot counts equal to the runs (each sample is one snapshot, so
- * they must agree at every one, not only after the drain).
- */
-function checkLimits(plan: Plan, seen: Observed, flag: Flag): LimitInfo {
-  const { workflow, limit } = plan.limited;
-  const planned = new Map<string, string>();
-  for (const m of plan.messages) {
-    if (m.group !== undefined) planned.set(`${m.tenant}/${m.dispatchKey}`, m.group);
-  }
-  for (const r of seen.runs) {
-    if (r.workflowName !== workflow) continue;
-    const expected = planned.get(`${r.tenant}/${r.dispatchKey}`);
-    if (r.concurrencyKey === null || (expected !== undefined && r.concurrencyKey !== expected)) {
-      flag(
-        "overlimit",
-        r.tenant,
-        `run ${r.runId} (${r.dispatchKey}) of ${workflow} has concurrency key ` +
-          `${r.concurrencyKey}, expected ${expected ?? "one"}`,
-      );
-    }
-  }
-
-  const { samples, failed, final } = seen.slots;
-  if (samples.length === 0) {
-    flag(
-      "overlimit",
-      "",
-      `no sample of the concurrency groups (${failed} failed): the limit went unchecked`,
-    );
-  }
-  const label = (g: SlotGroup) => `${g.workflow}/${g.key}`;
-  const drift = (g: SlotGroup, when: string) => {
-    if (g.running === (g.slotRunning ?? 0) && g.queued === (g.slotQueued ?? 0)) return;
-    flag(
-      "slotdrift",
-      g.tenant,
-      `${label(g)} ${when}: runs say ${g.running} running, ${g.queued} queued; ` +
-        (g.slotRunning === null
-          ? "no concurrency_slots row"
-          : `concurrency_slots says ${g.slotRunning} running, ${g.slotQueued} queued`),
-    );
-  };
-  const groups = new Set<string>();
-  let maxRunning = 0, contended = 0;
-  for (const sample of samples) {
-    const when = `at +${(sample.at / 1000).toFixed(1)} s`;
-    let full = false;
-    for (const g of sample.groups) {
-      drift(g, when);
-      if (g.workflow !== workflow) continue;
-      groups.add(`${g.tenant}/${g.key}`);
-      maxRunning = Math.max(maxRunning, g.running);
-      if (g.running >= limit && g.queued > 0) full = true;
-      if (g.running > limit) {
-        flag("overlimit", g.tenant, `${label(g)} ${when}: ${g.running} running (limit ${limit})`);
-      }
-    }
-    if (full) contended++;
-  }
-  for (const g of final) {
-    drift(g, "after the drain");
-    if (g.workflow === workflow && g.maxRunning !== null && g.maxRunning !== limit) {
-      flag(
-        "slotdrift",
-        g.tenant,
-        `${
-          label(g)
-        }: concurrency_slots.max_running is ${g.maxRunning}, the definition says ${limit}`,
-      );
-    }
-  }
-  return {
-    samples: samples.length,
-    failedSamples: failed,
-    maxRunning,
-    contended,
-    groups: groups.size,
-  };
-}
-
-type Flag = (counter: Counter, tenant: string, text: string) => void;
+/** Counts a violation of `counter`, keeping a few examples. */
+export type Flag = (counter: Counter, tenant: string, text: string) => void;
 
 function checkPoison(
   m: PoisonMessage,

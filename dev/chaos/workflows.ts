@@ -10,7 +10,8 @@ import { z } from "zod";
 import { delay } from "../../core/time.ts";
 import { defineWorkflow, type Workflow } from "../../workflows/define.ts";
 import { createPool, type Sql } from "../../db/pool.ts";
-import { DURABLE, KEYED } from "./plan.ts";
+import { DURABLE, KEYED, PARENT } from "./plan.ts";
+import { echo } from "../../workflows/builtin.ts";
 import { insertStepCall } from "./step_calls.ts";
 
 export { echo, fail, sleep } from "../../workflows/builtin.ts";
@@ -83,5 +84,27 @@ export const durable: Workflow<
     await ctx.sleep(DURABLE.sleep, sleep_ms);
     for (const step of rest) result[step] = await call(step);
     return result;
+  },
+});
+
+/**
+ * `chaos.parent@1`: `children` children of echo through `ctx.map`, then one
+ * more through `ctx.start` and its `result()`; returns every child's `j`,
+ * read from the children's outputs.
+ */
+export const parent: Workflow<{ i: number; key: string; children: number }> = defineWorkflow({
+  name: PARENT.workflow,
+  version: 1,
+  input: z.object({
+    i: z.number().int(),
+    key: z.string(),
+    children: z.number().int().min(1).max(100),
+  }),
+  async handler({ key, children }, ctx) {
+    const inputs = Array.from({ length: children }, (_, j) => ({ parent: key, j }));
+    const parts = await ctx.map(PARENT.map, echo, inputs) as { j: number }[];
+    const solo = await ctx.start(PARENT.solo, echo, { parent: key, j: children });
+    const last = await solo.result() as { j: number };
+    return { key, js: [...parts.map((p) => p.j), last.j] };
   },
 });
