@@ -75,7 +75,47 @@ export const quick = defineWorkflow({
   handler: ({ i }) => Promise.resolve({ i }),
 });
 
+/** `it.kid@1`: a child of `it.fan`; takes `ms`, returns its `j`. */
+export const kid = defineWorkflow({
+  name: "it.kid",
+  version: 1,
+  input: z.object({ j: z.number().int(), ms: z.number().int() }),
+  output: z.object({ j: z.number().int() }),
+  maxAttempts: 20,
+  async handler({ j, ms }) {
+    await new Promise((resolve) => setTimeout(resolve, ms));
+    return { j };
+  },
+});
+
+/**
+ * `it.fan@1`: `n` children of `it.kid`, the first half one `ctx.start` at
+ * a time (`pause_ms` apart: a window to be killed in while starting), the
+ * rest in one `ctx.map`; then every result. Returns each child's `j`, in order.
+ */
+export const fan = defineWorkflow({
+  name: "it.fan",
+  version: 1,
+  input: z.object({ n: z.number().int(), ms: z.number().int(), pause_ms: z.number().int() }),
+  output: z.object({ js: z.array(z.number().int()) }),
+  maxAttempts: 20,
+  async handler({ n, ms, pause_ms }, ctx) {
+    const half = Math.floor(n / 2);
+    const started = [];
+    for (let j = 0; j < half; j++) {
+      started.push(await ctx.start(`one-${j}`, kid, { j, ms }));
+      await new Promise((resolve) => setTimeout(resolve, pause_ms));
+    }
+    const rest = Array.from({ length: n - half }, (_, i) => ({ j: half + i, ms }));
+    const mapped = await ctx.map("rest", kid, rest);
+    const js: number[] = [];
+    for (const child of started) js.push((await child.result()).j);
+    for (const out of mapped) js.push(out.j);
+    return { js };
+  },
+});
+
 if (import.meta.main) {
-  await runWorker({ workflows: [three, sleeper, quick] });
+  await runWorker({ workflows: [three, sleeper, quick, kid, fan] });
   await side.end();
 }
