@@ -112,8 +112,7 @@ export type {
   WorkflowInput,
   WorkflowResult,
 } from "../contracts/workflow.ts";
-export type { ConcurrencyLimit } from "../contracts/concurrency.ts";
-export type { DebounceOptions } from "../contracts/debounce.ts";
+export type { ConcurrencyLimit, DebounceOptions } from "../contracts/workflow.ts";
 export {
   type ApiAnswer,
   MAX_RETRY_AFTER_MS,

@@ -11,6 +11,8 @@
 import type { ConcurrencyLimit } from "./concurrency.ts";
 import type { DebounceOptions } from "./debounce.ts";
 
+export type { ConcurrencyLimit, DebounceOptions };
+
 /**
  * What `input` and `output` take: a zod 4 schema (`z.object({...})` and the
  * like), of any copy of zod 4, seen by what poimen uses of it: `safeParse`,

@@ -30,9 +30,9 @@ import { inTransaction, type Sql } from "./pool.ts";
 import { EVENT_COLUMNS, laneMoves, slotCountMoves } from "./queue_sql.ts";
 import type { StepFence } from "./run_steps.ts";
 import type { SuspendOutcome } from "./suspension.ts";
+import { childFinishedAfterFanIn } from "./child_events.ts";
 import {
   cancelledPayload,
-  childFinishedPayload,
   NULL_JSONB,
   NULL_TEXT,
   waitingPayload,
@@ -173,47 +173,6 @@ export function fanIn(
     ),
     ${slotCountMoves("moved", "d_running", "d_queued", "queued_at")},
     ${laneMoves("moved", "queued_at")}`;
-}
-
-/**
- * `fanIn`'s `child.finished` (db/child_events.ts' event, here for the
- * statements that also deliver children to their waiting parents): one
- * update per parent row per statement, so a parent `fanin` updated (its
- * `event_seq` raised there by its finishing children too, before its
- * `run.woken`) is left out of `fanin_child_parents`, which raises the
- * others'. A parent in `source` itself gets none (its own row is the
- * source's; no caller ends a parent and its child in one statement).
- */
-function childFinishedAfterFanIn(source: string): string {
-  const payload = childFinishedPayload({
-    run_id: "s.run_id",
-    name: `substr(s.dispatch_key, ${NAME_AT})`,
-    status: "s.status",
-  });
-  return `
-    fanin_child_parents as (
-      update runs p
-         set event_seq = p.event_seq + c.n
-        from fanin_counts c
-       where p.tenant_id = c.tenant_id and p.run_id = c.parent_run_id
-         and not exists (select 1 from ${source} s
-                          where s.tenant_id = p.tenant_id and s.run_id = p.run_id)
-         and not exists (select 1 from fanin x
-                          where x.tenant_id = p.tenant_id and x.run_id = p.run_id)
-      returning p.tenant_id, p.run_id, p.event_seq - c.n as seq0, p.goal_id, p.dispatch_key
-    ),
-    fanin_child_ev as (
-      insert into work_events (${EVENT_COLUMNS})
-      select cp.tenant_id, cp.run_id,
-             cp.seq0 + row_number() over (partition by cp.run_id order by s.run_id),
-             'child.finished', cp.goal_id, cp.dispatch_key, ${payload}, now()
-        from ${source} s
-        join (select tenant_id, run_id, seq0, goal_id, dispatch_key from fanin
-              union all
-              select tenant_id, run_id, seq0, goal_id, dispatch_key from fanin_child_parents) cp
-          on cp.tenant_id = s.tenant_id and cp.run_id = s.parent_run_id
-       where s.status in ${FINAL}
-    ),`;
 }
 
 const WAITING_FOR_CHILDREN = waitingPayload({

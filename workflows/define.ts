@@ -37,9 +37,7 @@
  * input against the definition's input as JSON Schema, without loading
  * this code, and the worker checks each result against `output` before it
  * completes the run. `name@version` is immutable once registered: change
- * the input, output, `maxAttempts`, `concurrency`, `debounce`, `tenants` or
- * `schedules`
- * under a new version.
+ * anything of the definition under a new version.
  *
  * @module
  */
@@ -250,9 +248,8 @@ const DEFINED: unique symbol = Symbol.for("poimen.workflow");
  * Defines one version of a workflow. Without `handler`: a handler-free
  * definition, for producers and for `implement`. With `handler`: the
  * definition implemented at once (`implement(defineWorkflow(rest),
- * handler)`). Throws a `TypeError` naming the workflow when the name,
- * version, schemas, max attempts, concurrency, debounce, tenants, schedules
- * or handler is invalid, so a bad definition fails where it is imported.
+ * handler)`). Throws a `TypeError` naming the workflow when any part of it
+ * is invalid, so a bad definition fails where it is imported.
  */
 export function defineWorkflow<
   I,
