@@ -25,6 +25,7 @@ import { type BenchContext, check, log } from "./run_context.ts";
 import { createDb } from "./scenario_support.ts";
 import { admitAll, insertTenants, quantile, readyWorker } from "./queue_shape_support.ts";
 import { hosted } from "./hosted/durable.ts";
+import { CHILDREN_SCENARIOS, childrenRound } from "./children_section.ts";
 
 /** The durable section's group of figures. */
 export const DURABLE_GROUP = "durable";
@@ -68,6 +69,11 @@ export async function durableSection(ctx: BenchContext, admin: Sql) {
       log(
         `durable round ${round}: admission → end p50 ${latency.plain[0].toFixed(1)} ms, ` +
           `signal → step p50 ${latency.signal[0].toFixed(1)} ms`,
+      );
+      const kids = await childrenRound(ctx, sql, url, kernel, TENANT, DURABLE_GROUP, round);
+      log(
+        `durable round ${round}: ${kids.perSecond.toFixed(0)} children admitted/s by ctx.map, ` +
+          `parent's end after its last child p50 ${kids.wake[0].toFixed(1)} ms`,
       );
     }
   } finally {
@@ -228,7 +234,7 @@ export function durableReport(ctx: BenchContext): string[] {
   };
   const rounds = (s: string) => of(s).map((f) => f.rate.toFixed(0)).join(" / ");
   return [
-    `## Durable runs: steps and resume latency (issue 30)`,
+    `## Durable runs: steps, resume latency, children (issues 30, 31)`,
     ``,
     `One worker process (concurrency 16) hosting bench/hosted/durable.ts. Throughput: the same ` +
     `number of runs of \`echo\` and of \`bench.steps\` (ten \`ctx.step\` calls each, every ` +
@@ -251,6 +257,23 @@ export function durableReport(ctx: BenchContext): string[] {
     `|---|---:|---:|---|`,
     row(DURABLE_SCENARIOS.admitToEnd),
     row(DURABLE_SCENARIOS.signalToStep),
+    ``,
+    `Child runs (issue 31): one \`bench.fanout\` parent mapping ${
+      ctx.quick ? "1,000" : "10,000"
+    } \`echo\` children (\`ctx.map\`), from the parent's first start to its last child's ` +
+    `admission, the worker running the children meanwhile; and parents of five children each, ` +
+    `admitted one every 50 ms, from the last child's end (the statement that wakes the parent) ` +
+    `to the parent's end (a claim, the replay of its map, its completion).`,
+    ``,
+    `| children | per s (median) | rounds |`,
+    `|---|---:|---|`,
+    `| ${CHILDREN_SCENARIOS.admitted} | ${
+      med(of(CHILDREN_SCENARIOS.admitted).map((f) => f.rate)).toFixed(0)
+    } | ${rounds(CHILDREN_SCENARIOS.admitted)} |`,
+    ``,
+    `| latency | p50 ms (median) | p99 ms (median) | rounds (p50/p99) |`,
+    `|---|---:|---:|---|`,
+    row(CHILDREN_SCENARIOS.wake),
     ``,
   ];
 }

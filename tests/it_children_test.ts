@@ -9,54 +9,20 @@ import assert from "node:assert/strict";
 import { Admission } from "../admission/admit.ts";
 import { insertTenant } from "../db/auth.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
-import { PROJECT_ROOT } from "../dev/tasks.ts";
 import { fan, kid } from "./support/durable_worker.ts";
 import { catalogOf } from "./support/catalog.ts";
-import { freshDatabase, type TestDatabase, waitFor } from "./support/db.ts";
+import { freshDatabase, waitFor } from "./support/db.ts";
+import { DurableWorker } from "./support/durable_worker_process.ts";
 
 const TENANT = "acme";
 const N = 100;
 
-/** A worker process of tests/support/durable_worker.ts, killed with SIGKILL. */
-function startWorker(db: TestDatabase, id: string): Deno.ChildProcess {
-  return new Deno.Command(Deno.execPath(), {
-    args: [
-      "run",
-      "--no-prompt",
-      "--allow-net",
-      "--allow-env",
-      "--allow-sys=hostname",
-      "tests/support/durable_worker.ts",
-    ],
-    cwd: PROJECT_ROOT,
-    env: {
-      NO_COLOR: "1",
-      DATABASE_URL: db.url,
-      SIDE_EFFECTS_URL: db.url,
-      WORKER_ID: id,
-      WORKER_LEASE_MS: "1500",
-      WORKER_POLL_MS: "100",
-      WORKER_CONCURRENCY: "8",
-      WORKER_METRICS_PORT: "0",
-      LOG_LEVEL: "error",
-    },
-    stdin: "null",
-    stdout: "null",
-    stderr: "null",
-  }).spawn();
-}
-
-async function kill(child: Deno.ChildProcess): Promise<void> {
-  try {
-    child.kill("SIGKILL");
-  } catch { /* already gone */ }
-  await child.status;
-}
+const ENV = { WORKER_LEASE_MS: "1500", WORKER_CONCURRENCY: "8", LOG_LEVEL: "error" };
 
 Deno.test("it children: a parent of 100 children killed (SIGKILL) while starting them and while waiting ends with exactly 100, its result built from theirs", async () => {
   const db = await freshDatabase();
   await insertTenant(db.sql, TENANT);
-  const workers: Deno.ChildProcess[] = [];
+  const workers: DurableWorker[] = [];
   try {
     const admission = new Admission(db.sql, catalogOf(new WorkflowRegistry([fan, kid])), {
       maxBatch: 16,
@@ -80,13 +46,13 @@ Deno.test("it children: a parent of 100 children killed (SIGKILL) while starting
     // Killed while starting, at points picked at random, each time a new worker takes over.
     const points = [5 + Math.floor(Math.random() * 15), 25 + Math.floor(Math.random() * 20)];
     for (const [i, at] of points.entries()) {
-      const w = startWorker(db, `doomed-start-${i}`);
+      const w = new DurableWorker(db, `doomed-start-${i}`, ENV);
       workers.push(w);
       await waitFor(`${at} children started`, async () => (await children()) >= at, 60_000, 20);
-      await kill(w);
+      await w.kill("SIGKILL");
     }
     // Killed while waiting for its children (all admitted, some still running).
-    const waiter = startWorker(db, "doomed-wait");
+    const waiter = new DurableWorker(db, "doomed-wait", ENV);
     workers.push(waiter);
     await waitFor(
       "the parent waiting for its children",
@@ -94,8 +60,8 @@ Deno.test("it children: a parent of 100 children killed (SIGKILL) while starting
       60_000,
       20,
     );
-    await kill(waiter);
-    workers.push(startWorker(db, "rescuer"));
+    await waiter.kill("SIGKILL");
+    workers.push(new DurableWorker(db, "rescuer", ENV));
 
     await waitFor("the parent succeeded", async () => (await status()) === "succeeded", 120_000);
     const [row] = await db.sql<{ result: { js: number[] }; attempts: number }[]>`
@@ -114,7 +80,7 @@ Deno.test("it children: a parent of 100 children killed (SIGKILL) while starting
     assert.deepEqual(new Set(kids.map((k) => k.dispatch_key)), expected, "each key its place's");
     assert.ok(kids.every((k) => k.status === "succeeded"));
   } finally {
-    for (const w of workers) await kill(w);
+    for (const w of workers) await w.kill("SIGKILL");
     await db.drop();
   }
 });

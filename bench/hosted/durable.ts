@@ -2,7 +2,7 @@
  * The durable section's workflows (bench/durable_section.ts), hosted beside
  * `echo`: `bench.steps@1` makes ten `ctx.step` calls of an echo each, and
  * `bench.signal@1` waits for a signal `go` (suspended: no timeout) between
- * two steps.
+ * two steps; `bench.fanout@1` maps its input's `n` children of `echo`.
  */
 import { z } from "zod";
 import { defineWorkflow } from "../../workflows/define.ts";
@@ -32,4 +32,15 @@ export const signalled = defineWorkflow({
   },
 });
 
-export const hosted = [echo, steps, signalled];
+/** A fan-out: `n` children of `echo` through one `ctx.map`, the parent waiting once for them all. */
+export const fanout = defineWorkflow({
+  name: "bench.fanout",
+  version: 1,
+  input: z.object({ n: z.number().int(), tag: z.string() }),
+  handler: async ({ n, tag }, ctx) => {
+    const outs = await ctx.map("c", echo, Array.from({ length: n }, (_, i) => ({ tag, i })));
+    return { n: outs.length };
+  },
+});
+
+export const hosted = [echo, steps, signalled, fanout];
