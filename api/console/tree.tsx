@@ -32,7 +32,7 @@ export function RunTree({ run, listed, more }: {
   /** Whether it has more children than listed. */
   more: boolean;
 }) {
-  if (run.parent_run_id === null && listed.length === 0) return <></>;
+  if (run.parent_run_id === null && listed.length === 0) return null;
   return (
     <section id="run-tree">
       <h2>Tree</h2>
@@ -42,7 +42,7 @@ export function RunTree({ run, listed, more }: {
           {run.parent_run_id === null
             ? <span class="muted">— (a root)</span>
             : <RunLink id="run-parent" runId={run.parent_run_id} />}
-          {run.detached ? <span class="muted" id="run-detached">{" "}detached</span> : ""}
+          {run.detached ? <span class="muted" id="run-detached"> detached</span> : ""}
         </dd>
         {run.root_run_id !== null && run.root_run_id !== run.parent_run_id
           ? (
