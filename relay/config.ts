@@ -40,8 +40,12 @@ export const relayEnvSchema = z.object({
   }),
   /** How often the broker's topic list is re-read, so new tenants are picked up. */
   RELAY_TOPIC_REFRESH_MS: z.coerce.number().int().min(100).default(5 * SECOND),
-  /** API calls in flight at once per partition (commits stay in offset order). */
-  RELAY_MAX_IN_FLIGHT: positiveInt(64),
+  /**
+   * Messages in flight at once per partition (commits stay in offset order);
+   * those of a tenant ready together share a batch request, so many cost few
+   * requests (256 drained 5,304/s in the bench where 64 drained 4,003/s).
+   */
+  RELAY_MAX_IN_FLIGHT: positiveInt(256),
   /** Messages fetched but not yet done, over all partitions, before fetching waits. */
   RELAY_MAX_PENDING: positiveInt(10_000),
   /** Bytes of those messages' values, likewise (a paused partition holds one message). */
