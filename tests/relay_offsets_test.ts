@@ -555,7 +555,10 @@ Deno.test("relay config: defaults, and a missing token is one line naming it", (
   const c = readRelayConfig({ RELAY_TOKEN: "pmn_x" });
   assert.equal(c.API_URL, "http://127.0.0.1:8080");
   assert.equal(c.RELAY_GROUP_ID, "poimen-inbox-relay");
-  assert.equal(c.RELAY_MAX_IN_FLIGHT, 64);
+  assert.equal(c.RELAY_MAX_IN_FLIGHT, 256);
+  assert.equal(c.RELAY_BATCH_MAX, 100);
+  assert.equal(c.RELAY_BATCH_MAX_BYTES, 512 * 1024);
+  assert.equal(c.RELAY_BATCH_CONCURRENCY, 4);
   assert.equal(c.RELAY_COMMIT_INTERVAL_MS, 200);
   assert.equal(c.RELAY_BACKOFF_BASE_MS, 200);
   assert.equal(c.RELAY_BACKOFF_CAP_MS, 30_000);
