@@ -206,10 +206,21 @@ export async function up(args: string[] = []): Promise<number> {
     return { name, child };
   });
 
+  // "Up" once the API is ready and every other process answers /healthz:
+  // each then handles Ctrl-C itself (a process still loading its modules
+  // would die of it, not stop).
   const ready = Date.now() + 30 * SECOND;
-  while (!(await fetch(`${apiUrl}/readyz`).then((r) => r.ok, () => false))) {
-    if (Date.now() > ready) throw new Error(`the api did not become ready at ${apiUrl}`);
-    await delay(200);
+  const waits: [string, string][] = [
+    ["api", `${apiUrl}/readyz`],
+    ["worker", `http://127.0.0.1:${config.WORKER_METRICS_PORT}/healthz`],
+    ["outbox", `http://127.0.0.1:${config.OUTBOX_METRICS_PORT}/healthz`],
+    ["relay", `http://127.0.0.1:${config.RELAY_METRICS_PORT}/healthz`],
+  ];
+  for (const [name, url] of waits) {
+    while (!(await fetch(url).then((r) => r.ok, () => false))) {
+      if (Date.now() > ready) throw new Error(`the ${name} did not answer at ${url}`);
+      await delay(200);
+    }
   }
 
   // Each serves /metrics, /healthz and /readyz on the port shown (the API
