@@ -16,7 +16,7 @@ import { delay } from "../core/time.ts";
 import { notifyChannels, QUEUE_CHANNEL } from "../db/notify.ts";
 import type { Sql } from "../db/pool.ts";
 import { type BenchContext, check } from "./run_context.ts";
-import { quantile, readyWorker } from "./queue_shape_support.ts";
+import { quantile, readyWorker, untilOrStalled } from "./queue_shape_support.ts";
 
 /** The children's scenarios, in report order. */
 export const CHILDREN_SCENARIOS = {
@@ -49,7 +49,12 @@ export async function childrenRound(
       );
     const big = (await admit(`${stamp}-big`, n)).run.run_id;
     await notifyChannels(sql, [QUEUE_CHANNEL]);
-    await until(worker.exited, () => succeeded(sql, tenant, [big]), "the fan-out parent");
+    await untilOrStalled(
+      worker,
+      () => succeeded(sql, tenant, [big]),
+      "the fan-out parent",
+      600_000,
+    );
     const [span] = await sql<{ s: number; kids: number }[]>`
       select extract(epoch from max(c.created_at) - p.started_at)::float8 as s,
              count(c.*)::int as kids
@@ -65,7 +70,7 @@ export async function childrenRound(
       await notifyChannels(sql, [QUEUE_CHANNEL]);
       await delay(50);
     }
-    await until(worker.exited, () => succeeded(sql, tenant, ids), "the small parents");
+    await untilOrStalled(worker, () => succeeded(sql, tenant, ids), "the small parents", 600_000);
     const wake = (await sql<{ ms: number }[]>`
       select extract(epoch from p.finished_at - max(c.finished_at))::float8 * 1000 as ms
         from runs p join runs c on c.tenant_id = p.tenant_id and c.parent_run_id = p.run_id
@@ -102,12 +107,4 @@ async function succeeded(sql: Sql, tenant: string, ids: string[]): Promise<boole
     select count(*)::int as n from runs
      where tenant_id = ${tenant} and run_id = any(${ids}::uuid[]) and status = 'succeeded'`;
   return r.n === ids.length;
-}
-
-async function until(exited: boolean, ok: () => Promise<boolean>, what: string) {
-  const deadline = Date.now() + 600_000;
-  while (!(await ok())) {
-    if (exited || Date.now() > deadline) throw new Error(`children: timed out waiting for ${what}`);
-    await delay(100);
-  }
 }

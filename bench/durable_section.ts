@@ -23,7 +23,13 @@ import { sendSignal } from "../db/signals.ts";
 import { WorkflowRegistry } from "../workflows/registry.ts";
 import { type BenchContext, check, log } from "./run_context.ts";
 import { createDb } from "./scenario_support.ts";
-import { admitAll, insertTenants, quantile, readyWorker } from "./queue_shape_support.ts";
+import {
+  admitAll,
+  insertTenants,
+  quantile,
+  readyWorker,
+  untilOrStalled,
+} from "./queue_shape_support.ts";
 import { hosted } from "./hosted/durable.ts";
 import { CHILDREN_SCENARIOS, childrenRound } from "./children_section.ts";
 
@@ -159,12 +165,17 @@ async function resumeLatency(
       );
       ids.push(r.run.run_id);
     }
-    await until(worker.exited, async () => {
-      const [w] = await sql<{ n: number }[]>`
+    await untilOrStalled(
+      worker,
+      async () => {
+        const [w] = await sql<{ n: number }[]>`
         select count(*)::int as n from runs
          where tenant_id = ${TENANT} and run_id = any(${ids}::uuid[]) and status = 'waiting'`;
-      return w.n === n;
-    }, "the signal runs to suspend");
+        return w.n === n;
+      },
+      "the signal runs to suspend",
+      300_000,
+    );
     const plainIds: string[] = [];
     for (let i = 0; i < n; i++) {
       const r = await kernel.admit(
@@ -181,13 +192,18 @@ async function resumeLatency(
       await notifyChannels(sql, [QUEUE_CHANNEL]);
       await delay(20);
     }
-    await until(worker.exited, async () => {
-      const [d] = await sql<{ n: number }[]>`
+    await untilOrStalled(
+      worker,
+      async () => {
+        const [d] = await sql<{ n: number }[]>`
         select count(*)::int as n from runs
          where tenant_id = ${TENANT} and run_id = any(${[...ids, ...plainIds]}::uuid[])
            and status = 'succeeded'`;
-      return d.n === 2 * n;
-    }, "every latency run to succeed");
+        return d.n === 2 * n;
+      },
+      "every latency run to succeed",
+      300_000,
+    );
     const plain = (await sql<{ ms: number }[]>`
       select extract(epoch from finished_at - created_at)::float8 * 1000 as ms from runs
        where tenant_id = ${TENANT} and run_id = any(${plainIds}::uuid[])`).map((r) => r.ms);
@@ -204,14 +220,6 @@ async function resumeLatency(
     return { plain: p(plain), signal: p(signal) };
   } finally {
     await worker.stop();
-  }
-}
-
-async function until(exited: boolean, ok: () => Promise<boolean>, what: string) {
-  const deadline = Date.now() + 300_000;
-  while (!(await ok())) {
-    if (exited || Date.now() > deadline) throw new Error(`durable: timed out waiting for ${what}`);
-    await delay(100);
   }
 }
 

@@ -78,3 +78,20 @@ export function quantile(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? 0 : s[Math.min(s.length - 1, Math.floor(p * s.length))];
 }
+
+/**
+ * Polls `ok` every 100 ms until it holds; throws naming `what` once
+ * `worker` exited (read at each poll) or `limitMs` passed.
+ */
+export async function untilOrStalled(
+  worker: PoimenProcess,
+  ok: () => Promise<boolean>,
+  what: string,
+  limitMs: number,
+): Promise<void> {
+  const deadline = Date.now() + limitMs;
+  while (!(await ok())) {
+    if (worker.exited || Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
